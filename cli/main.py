@@ -1,0 +1,19 @@
+"""The `pagedkv` command group. Each subcommand lives in its own module of this package."""
+import click
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main():
+    """pagedkv: a formally checked reference for PagedAttention KV-cache management."""
+
+
+def _register():
+    # Subcommand modules import heavy rooms (torch, z3) lazily inside their commands,
+    # so `pagedkv --help` stays fast.
+    from pagedkv.cli import check, lab
+
+    main.add_command(check.check)
+    main.add_command(lab.lab)
+
+
+_register()

@@ -1,0 +1,67 @@
+"""Pure helpers of paged KV bookkeeping. The production allocator has a twin of each; CrossHair
+compares them (`crosshair diffbehavior`) and checks the contracts written in these docstrings."""
+
+from typing import NamedTuple, Optional, Sequence
+
+
+class KV(NamedTuple):
+    """Ghost content of one cache slot: the token written there and the prefix it follows.
+
+    A token's key and value depend on every token before it, so two slots hold the same KV only if
+    they hold the same token after the same prefix. Comparing ghosts therefore catches a cached
+    block reused after a different prefix, exactly as wrong attention output would.
+    """
+
+    prefix: tuple
+    token: int
+
+
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    """Blocks that hold `num_tokens` tokens: ceil(num_tokens / block_size).
+
+    pre: num_tokens >= 0
+    pre: block_size >= 1
+    post: __return__ * block_size >= num_tokens
+    post: (__return__ - 1) * block_size < num_tokens or __return__ == 0
+    """
+    return -(-num_tokens // block_size)
+
+
+def slot_of(block_table: Sequence[int], position: int, block_size: int) -> int:
+    """Flat cache slot of token `position`: its block's id times B plus its offset in the block.
+
+    pre: block_size >= 1
+    pre: 0 <= position < len(block_table) * block_size
+    post: __return__ // block_size == block_table[position // block_size]
+    post: __return__ % block_size == position % block_size
+    """
+    return block_table[position // block_size] * block_size + position % block_size
+
+
+def chain_hash(parent_hash: Optional[int], block_tokens: tuple) -> int:
+    """Hash of a full block, chained to the hash of the block before it (None for the first).
+
+    Chaining makes the hash name the whole prefix, not just this block's tokens. Python hashes
+    tuples of ints deterministically (PYTHONHASHSEED only salts str and bytes). Hits are still
+    confirmed by content, so a collision costs a miss, never a wrong read.
+    """
+    return hash((parent_hash, block_tokens))
+
+
+def prefix_hashes(tokens: Sequence[int], block_size: int, num_blocks: int) -> list:
+    """Chained hashes of the first `num_blocks` full blocks of `tokens`.
+
+    pre: block_size >= 1
+    pre: 0 <= num_blocks <= len(tokens) // block_size
+    post: len(__return__) == num_blocks
+    """
+    hashes, parent = [], None
+    for j in range(num_blocks):
+        parent = chain_hash(parent, tuple(tokens[j * block_size:(j + 1) * block_size]))
+        hashes.append(parent)
+    return hashes
+
+
+def expected_slots(tokens: Sequence[int], start: int, stop: int) -> list:
+    """What positions start..stop-1 of a sequence with these tokens must hold."""
+    return [KV(tuple(tokens[:i]), tokens[i]) for i in range(start, stop)]

@@ -1,0 +1,115 @@
+"""The named invariants of a paged KV-cache block manager, stated over a `KVSpec`'s state.
+
+Each function returns the list of ways its invariant is broken (empty when it holds). The same
+names are used by `KVSpec.check()`, the Z3 proofs and the fuzz reports.
+"""
+
+from collections import Counter
+
+from .blocks import blocks_needed, expected_slots, prefix_hashes
+from .errors import InvariantViolation
+
+
+def conservation(kv) -> list:
+    """Every GPU block is exactly one of free, evictable, live (ref count > 0); every CPU block is
+    exactly one of free or held by one swapped sequence."""
+    problems = []
+    free, evictable = list(kv.free_queue), list(kv.evictable)
+    live = [b for b in range(kv.num_blocks) if kv.ref_count[b] > 0]
+    homes = Counter(free + evictable + live)
+    for block in range(kv.num_blocks):
+        if homes[block] != 1:
+            problems.append(f"gpu block {block} is in {homes[block]} of free/evictable/live")
+    for block in evictable:
+        if block not in kv.block_hash:
+            problems.append(f"evictable block {block} is not in the prefix index")
+    cpu_held = [b for seq in kv.seqs.values() for b in seq.cpu_block_table]
+    cpu_homes = Counter(list(kv.cpu_free_queue) + cpu_held)
+    for block in range(kv.num_cpu_blocks):
+        if cpu_homes[block] != 1:
+            problems.append(f"cpu block {block} is in {cpu_homes[block]} of free/held")
+    if len(cpu_homes) != kv.num_cpu_blocks or len(homes) != kv.num_blocks:
+        problems.append("a block id outside the pool is in use")
+    return problems
+
+
+def refcount(kv) -> list:
+    """A block's ref count equals the number of live tables holding it; no table holds a block twice."""
+    problems = []
+    holders = Counter()
+    for seq_id, seq in kv.seqs.items():
+        table = seq.block_table
+        if len(set(table)) != len(table):
+            problems.append(f"sequence {seq_id} holds a block twice: {table}")
+        holders.update(set(table))
+    for block in range(kv.num_blocks):
+        if kv.ref_count[block] != holders[block]:
+            problems.append(f"block {block}: ref count {kv.ref_count[block]}, held by {holders[block]} tables")
+    return problems
+
+
+def table_shape(kv) -> list:
+    """A running sequence holds ceil(len/B) GPU blocks, a swapped one as many CPU blocks, a waiting
+    one none; nobody holds blocks in both pools."""
+    problems = []
+    for seq_id, seq in kv.seqs.items():
+        want = blocks_needed(len(seq.tokens), kv.block_size)
+        gpu, cpu = len(seq.block_table), len(seq.cpu_block_table)
+        expected = {"running": (want, 0), "swapped": (0, want), "waiting": (0, 0)}[seq.status]
+        if (gpu, cpu) != expected:
+            problems.append(f"{seq.status} sequence {seq_id} of length {len(seq.tokens)} holds "
+                            f"{gpu} gpu / {cpu} cpu blocks, expected {expected[0]} / {expected[1]}")
+    return problems
+
+
+def content(kv) -> list:
+    """Every running and swapped sequence reads back each of its tokens after its own prefix."""
+    problems = []
+    for seq_id, seq in kv.seqs.items():
+        if seq.status == "waiting":
+            continue
+        got, want = kv.read(seq_id), expected_slots(seq.tokens, 0, len(seq.tokens))
+        for position, (g, w) in enumerate(zip(got, want)):
+            if g != w:
+                problems.append(f"sequence {seq_id} position {position} reads {g}, wrote {w}")
+                break
+    return problems
+
+
+def cache_index(kv) -> list:
+    """The index and the blocks' hashes agree; every indexed block is full and holds exactly the
+    tokens (and prefix) its hash names."""
+    problems = []
+    if {b: h for h, b in kv.hash_to_block.items()} != kv.block_hash:
+        problems.append("hash_to_block and block_hash are not inverse maps")
+    for block, h in kv.block_hash.items():
+        slots = kv.slots[block]
+        if any(slot is None for slot in slots):
+            problems.append(f"indexed block {block} is not full")
+            continue
+        tokens = slots[-1].prefix + (slots[-1].token,)
+        if slots != expected_slots(tokens, len(tokens) - kv.block_size, len(tokens)):
+            problems.append(f"indexed block {block} holds slots of different prefixes")
+        elif prefix_hashes(tokens, kv.block_size, len(tokens) // kv.block_size)[-1] != h:
+            problems.append(f"indexed block {block} holds tokens that do not hash to {h}")
+    return problems
+
+
+INVARIANTS = {
+    "conservation": conservation,
+    "refcount": refcount,
+    "table_shape": table_shape,
+    "content": content,
+    "cache_index": cache_index,
+}
+
+
+def violations(kv) -> dict:
+    """Map each broken invariant's name to its problems."""
+    found = {name: inv(kv) for name, inv in INVARIANTS.items()}
+    return {name: problems for name, problems in found.items() if problems}
+
+
+def check_all(kv) -> None:
+    for name, problems in violations(kv).items():
+        raise InvariantViolation(name, "; ".join(problems[:3]))
