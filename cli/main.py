@@ -14,6 +14,9 @@ def _register():
 
     main.add_command(check.check)
     main.add_command(lab.lab)
+    from pagedkv.cli import plan, trace
+    main.add_command(plan.plan)
+    main.add_command(trace.trace)
 
 
 _register()
