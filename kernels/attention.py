@@ -1,0 +1,256 @@
+"""Paged attention tile kernel shared by decode and prefill.
+
+Layout
+------
+    q        [T, Hq, D]            queries of all sequences packed; sequence i owns rows
+                                   query_start_loc[i] : query_start_loc[i+1]
+    k_cache  [N, B, Hkv, D]        N physical blocks of B slots (vLLM layout)
+    v_cache  [N, B, Hkv, D]
+    tables   int32 [S, M]          logical block j of sequence i lives in physical block tables[i, j]
+    seq_lens int32 [S]             the sequence's tokens, L_i; the q_len_i queries are its LAST
+                                   q_len_i positions: query t sits at position L_i - q_len_i + t
+
+Math
+----
+For a query row at position p and key positions j of its sequence,
+
+    s_j = scale * q . k_j                     (optionally  softcap * tanh(s_j / softcap))
+    s_j = -inf  unless  j <= p (causal)  and  j > p - window (sliding window)
+    out = sum_j softmax(s)_j v_j
+
+computed as ONE online softmax over key tiles of BLOCK_N tokens (never an average of per-block
+softmaxes): with running max m, running sum l and unnormalised accumulator acc,
+
+    m' = max(m, max_j s_j);  a = exp(m - m');  p_j = exp(s_j - m')
+    l  = a * l + sum_j p_j;  acc = a * acc + p @ V;  m = m'
+
+and out = acc / l at the end (0 when l == 0: an empty or fully masked row gives zeros, never NaN).
+Exponentials are taken base 2 on scores pre-multiplied by log2(e).
+
+Tiling
+------
+Grouped-query attention: the Hq / Hkv = G query heads that share a KV head are processed by the
+same program, so each K/V tile is loaded once per group. The program's BLOCK_M rows are
+"(query token, head in group)" pairs of ONE sequence, row r <-> token r // G, head r % G, so any G
+works (non-powers of two, G larger than the tile: the group is then spread over several tiles).
+Grid = (row tiles, Hkv, splits). The key tile size BLOCK_N is independent of the cache block size:
+each token j is gathered through the table as (tables[i, j // B], j % B), so any B >= 1 works.
+
+Split-KV (flash-decoding): with NUM_SPLITS > 1 the key range of each tile is cut into NUM_SPLITS
+chunks; each program writes its normalised partial output and its log-sum-exp (base 2), and
+``decode._combine_splits_kernel`` merges them exactly.
+
+Addresses: physical block ids are cast to int64 before they are multiplied by the block stride,
+so N * stride may exceed 2**31. Every load of K/V is masked to valid tokens and real head-dim lanes
+(the head dim is padded to a power of two), so slots past a sequence's end are never read.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _softcap(x, cap):
+    """cap * tanh(x / cap) without overflow: tanh(y) = sign(y) (1 - e) / (1 + e), e = exp(-2|y|) in (0, 1]."""
+    y = x / cap
+    e = tl.exp(-2.0 * tl.abs(y))
+    t = (1.0 - e) / (1.0 + e)
+    return cap * tl.where(y < 0, -t, t)
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
+    tables_ptr, seq_lens_ptr, qsl_ptr, tile_seq_ptr, tile_row_ptr,
+    stride_qt, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_os, stride_ot, stride_oh,
+    stride_ls, stride_lt, stride_lh,
+    stride_tab,
+    scale, softcap, window, block_size,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, IEEE_DOT: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+
+    seq = tl.load(tile_seq_ptr + tile).to(tl.int64)
+    row0 = tl.load(tile_row_ptr + tile)
+    q_start = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + seq)
+
+    # ---- the rows of this tile: (query token, head of the group) pairs ------------------------
+    rows = row0 + tl.arange(0, BLOCK_M)
+    tok = rows // GROUP
+    head = kvh * GROUP + rows % GROUP
+    row_ok = tok < q_len
+    q_pos = seq_len - q_len + tok                       # absolute position of each query row
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM
+
+    q_rows = (q_start + tok).to(tl.int64) * stride_qt + head.to(tl.int64) * stride_qh
+    q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+    # ---- key range [lo, hi) any row of this tile may see, then this split's share of it --------
+    first_tok = row0 // GROUP
+    last_tok = tl.minimum((row0 + BLOCK_M - 1) // GROUP, q_len - 1)
+    hi = seq_len
+    if CAUSAL:
+        hi = tl.minimum(seq_len, seq_len - q_len + last_tok + 1)
+    lo = 0
+    if USE_WINDOW:
+        lo = tl.maximum(0, seq_len - q_len + first_tok - window + 1)
+    span = tl.maximum(hi - lo, 0)
+    per_split = tl.cdiv(tl.cdiv(span, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = lo + split * per_split
+    end = tl.minimum(hi, start + per_split)
+
+    # ---- one online softmax over the key tiles -------------------------------------------------
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    qk_scale = scale * 1.4426950408889634  # scale * log2(e)
+
+    table_row = tables_ptr + seq * stride_tab
+    k_head = k_ptr + kvh.to(tl.int64) * stride_kh
+    v_head = v_ptr + kvh.to(tl.int64) * stride_vh
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = offs_n < end
+        # gather: token j lives in slot j % B of physical block tables[seq, j // B]
+        block = tl.load(table_row + offs_n // block_size, mask=n_ok, other=0).to(tl.int64)
+        slot = (offs_n % block_size).to(tl.int64)
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_head + (block * stride_kb + slot * stride_ks)[:, None] + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        if IEEE_DOT:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        if USE_SOFTCAP:
+            s = _softcap(s * scale, softcap) * 1.4426950408889634
+        else:
+            s = s * qk_scale
+        ok = row_ok[:, None] & n_ok[None, :]
+        if CAUSAL:
+            ok = ok & (offs_n[None, :] <= q_pos[:, None])
+        if USE_WINDOW:
+            ok = ok & (offs_n[None, :] > q_pos[:, None] - window)
+        s = tl.where(ok, s, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)   # fully masked so far: no -inf - -inf
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+
+        v = tl.load(v_head + (block * stride_vb + slot * stride_vs)[:, None] + offs_d[None, :],
+                    mask=kv_mask, other=0.0)
+        if IEEE_DOT:
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    has = l_i > 0.0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    out = tl.where(has[:, None], out, 0.0)
+    o_rows = (q_start + tok).to(tl.int64) * stride_ot + head.to(tl.int64) * stride_oh
+    o_mask = row_ok[:, None] & d_ok[None, :]
+    if NUM_SPLITS == 1:
+        tl.store(out_ptr + o_rows[:, None] + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=o_mask)
+    else:
+        split_off = split.to(tl.int64)
+        tl.store(out_ptr + split_off * stride_os + o_rows[:, None] + offs_d[None, :], out, mask=o_mask)
+        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        l_rows = (q_start + tok).to(tl.int64) * stride_lt + head.to(tl.int64) * stride_lh
+        tl.store(lse_ptr + split_off * stride_ls + l_rows, lse, mask=row_ok)
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def tile_sizes(head_dim: int, group: int, *, decode: bool, tile_rows: int | None, on_gpu: bool):
+    """(BLOCK_M, BLOCK_N, BLOCK_D). tl.dot wants every dimension >= 16."""
+    block_d = max(16, next_pow2(head_dim))
+    if tile_rows is not None:
+        block_m = tile_rows
+    elif decode:
+        block_m = min(max(16, next_pow2(group)), 64)   # one tile per group in almost every model
+    else:
+        block_m = 64 if block_d <= 128 else 32
+    if on_gpu:
+        block_n = 64 if block_d <= 128 else 32
+    else:
+        block_n = 64  # the interpreter pays per loop iteration, not per element
+    return block_m, block_n, block_d
+
+
+def build_tiles(qsl: list[int], group: int, block_m: int, device):
+    """Row tiles: for each sequence, ceil(q_len * G / BLOCK_M) tiles of consecutive rows."""
+    import torch
+
+    seqs, rows = [], []
+    for i in range(len(qsl) - 1):
+        n_rows = (qsl[i + 1] - qsl[i]) * group
+        for r in range(0, n_rows, block_m):
+            seqs.append(i)
+            rows.append(r)
+    tile_seq = torch.tensor(seqs, dtype=torch.int32, device=device)
+    tile_row = torch.tensor(rows, dtype=torch.int32, device=device)
+    return tile_seq, tile_row
+
+
+def launch_attention(
+    q, k_cache, v_cache, out, lse, block_tables, seq_lens, qsl_tensor, tile_seq, tile_row, *,
+    scale: float, softcap, window, causal: bool, group: int, num_splits: int,
+    block_m: int, block_n: int, block_d: int,
+):
+    """Launch the tile kernel. ``out`` is [T, Hq, D] (num_splits == 1) or float32
+    [splits, T, Hq, D] with ``lse`` float32 [splits, T, Hq] (num_splits > 1)."""
+    import torch
+
+    num_tiles = tile_seq.shape[0]
+    num_kv_heads = k_cache.shape[2]
+    if num_tiles == 0:
+        return
+    if num_splits == 1:
+        so, (sot, soh) = 0, out.stride()[:2]
+        sls = slt = slh = 0
+        lse_arg = out  # unused
+    else:
+        so, sot, soh = out.stride()[:3]
+        sls, slt, slh = lse.stride()
+        lse_arg = lse
+    on_gpu = q.device.type == "cuda"
+    extra = {"num_warps": 4 if block_d <= 128 else 8, "num_stages": 2} if on_gpu else {}
+    grid = (num_tiles, num_kv_heads, num_splits)
+    _paged_attention_kernel[grid](
+        q, k_cache, v_cache, out, lse_arg,
+        block_tables, seq_lens, qsl_tensor, tile_seq, tile_row,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        so, sot, soh,
+        sls, slt, slh,
+        block_tables.stride(0),
+        scale, float(softcap) if softcap is not None else 1.0,
+        int(window) if window is not None else 0, k_cache.shape[1],
+        GROUP=group, HEAD_DIM=q.shape[2],
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        CAUSAL=causal, USE_WINDOW=window is not None, USE_SOFTCAP=softcap is not None,
+        NUM_SPLITS=num_splits, IEEE_DOT=q.dtype == torch.float32,
+        **extra,
+    )

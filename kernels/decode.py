@@ -1,0 +1,146 @@
+"""Paged decode attention: one query token per sequence, optionally split over the KV length.
+
+Layout: q [S, Hq, D]; caches [N, B, Hkv, D]; block_tables int32 [S, M]; seq_lens int32 [S].
+Sequence i's query is its last position, L_i - 1, and attends to keys 0 .. L_i - 1 (or the last
+``sliding_window`` of them). L_i = 0 gives a zero output row.
+
+Split-KV ("flash-decoding"): when there are few (sequence, KV head) programs but long sequences,
+the GPU would idle; the key range is then cut into ``num_splits`` chunks processed in parallel by
+``attention._paged_attention_kernel``, each writing a normalised partial output o_s and its base-2
+log-sum-exp lse_s. ``_combine_splits_kernel`` merges them exactly:
+
+    m = max_s lse_s;  w_s = 2^(lse_s - m);  out = sum_s w_s o_s / sum_s w_s
+
+(splits that saw no key have lse_s = -inf and weight 0; if every split is empty the row is zero).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from . import validation as V
+from .attention import build_tiles, launch_attention, tile_sizes
+
+MIN_TOKENS_PER_SPLIT = 256
+MAX_SPLITS = 32
+
+
+@triton.jit
+def _combine_splits_kernel(
+    part_ptr, lse_ptr, out_ptr,
+    stride_ps, stride_pt, stride_ph,
+    stride_ls, stride_lt, stride_lh,
+    stride_ot, stride_oh,
+    NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    offs_s = tl.arange(0, SPLITS_P2)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_ok = offs_s < NUM_SPLITS
+    d_ok = offs_d < HEAD_DIM
+
+    lse = tl.load(lse_ptr + offs_s * stride_ls + t * stride_lt + h * stride_lh,
+                  mask=s_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m_safe)                                   # 0 for empty splits
+    part = tl.load(part_ptr + offs_s[:, None] * stride_ps + t * stride_pt + h * stride_ph + offs_d[None, :],
+                   mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+    total = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * part, 0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
+
+
+def device_parallelism(device: torch.device) -> int:
+    """How many programs keep the device busy: SM count on CUDA, a small constant on the interpreter."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def choose_num_splits(num_programs: int, max_seq_len: int, parallelism: int) -> int:
+    """Auto split: enough programs to fill ~2 waves of the device, but never fewer than
+    MIN_TOKENS_PER_SPLIT keys per split (the combine step is not free)."""
+    if num_programs <= 0 or max_seq_len <= 0:
+        return 1
+    want = -(-2 * parallelism // num_programs)
+    by_len = max(1, max_seq_len // MIN_TOKENS_PER_SPLIT)
+    return int(max(1, min(want, by_len, MAX_SPLITS)))
+
+
+def paged_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    num_splits: int | None = None,
+    validate: bool = True,
+    *,
+    _tile_rows: int | None = None,
+) -> torch.Tensor:
+    """Decode attention over a paged KV cache; returns [S, Hq, D] in q's dtype.
+
+    num_splits: None chooses split-KV automatically (see ``choose_num_splits``); 1 forces the
+    single-pass kernel; k > 1 forces k splits. ``validate`` additionally checks that every block id
+    a sequence reads is within [0, num_blocks).
+    """
+    info = V.check_attention_args(q, k_cache, v_cache, block_tables, seq_lens)
+    if q.shape[0] != info["num_seqs"]:
+        raise V.KernelArgumentError(
+            f"decode has one query per sequence: q.shape[0] = {q.shape[0]} but there are {info['num_seqs']} sequences"
+        )
+    V.check_last_dim_contiguous("block_tables", block_tables)
+    scale = V.check_options(scale, sliding_window, softcap, info["head_dim"])
+    V.check_num_splits(num_splits)
+    if _tile_rows is not None and (_tile_rows < 16 or _tile_rows & (_tile_rows - 1)):
+        raise V.KernelArgumentError("_tile_rows must be a power of two >= 16")
+    if validate:
+        V.check_block_ids(block_tables, info["seq_lens"], info["block_size"], info["num_blocks"])
+
+    num_seqs, num_q_heads, head_dim = q.shape
+    group = num_q_heads // info["num_kv_heads"]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if num_seqs == 0:
+        return out
+    on_gpu = q.device.type == "cuda"
+    block_m, block_n, block_d = tile_sizes(head_dim, group, decode=True, tile_rows=_tile_rows, on_gpu=on_gpu)
+    qsl = list(range(num_seqs + 1))
+    tile_seq, tile_row = build_tiles(qsl, group, block_m, q.device)
+    qsl_tensor = torch.arange(num_seqs + 1, dtype=torch.int32, device=q.device)
+
+    lens = info["seq_lens"]
+    longest = max(lens)
+    if sliding_window is not None:
+        longest = min(longest, sliding_window)
+    if num_splits is None:
+        num_programs = tile_seq.shape[0] * info["num_kv_heads"]
+        num_splits = choose_num_splits(num_programs, longest, device_parallelism(q.device))
+
+    common = dict(scale=scale, softcap=softcap, window=sliding_window, causal=True, group=group,
+                  block_m=block_m, block_n=block_n, block_d=block_d)
+    if num_splits == 1:
+        launch_attention(q, k_cache, v_cache, out, None, block_tables, seq_lens, qsl_tensor,
+                         tile_seq, tile_row, num_splits=1, **common)
+        return out
+
+    part = torch.empty((num_splits, num_seqs, num_q_heads, head_dim), dtype=torch.float32, device=q.device)
+    lse = torch.empty((num_splits, num_seqs, num_q_heads), dtype=torch.float32, device=q.device)
+    launch_attention(q, k_cache, v_cache, part, lse, block_tables, seq_lens, qsl_tensor,
+                     tile_seq, tile_row, num_splits=num_splits, **common)
+    _combine_splits_kernel[(num_seqs, num_q_heads)](
+        part, lse, out,
+        part.stride(0), part.stride(1), part.stride(2),
+        lse.stride(0), lse.stride(1), lse.stride(2),
+        out.stride(0), out.stride(1),
+        NUM_SPLITS=num_splits, SPLITS_P2=max(2, triton.next_power_of_2(num_splits)),
+        HEAD_DIM=head_dim, BLOCK_D=block_d,
+    )
+    return out
