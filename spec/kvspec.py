@@ -27,7 +27,7 @@ The spec is deliberately simple and slow. Ghost content (`KV` per slot) makes "e
 back exactly its own KV" a checkable invariant; `check()` runs all named invariants.
 """
 
-import itertools
+import copy
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
@@ -77,7 +77,7 @@ class KVSpec:
         self.hash_to_block: dict = {}
         self.cpu_slots = [self._empty_block() for _ in range(num_cpu_blocks)]
         self.cpu_free_queue = deque(range(num_cpu_blocks))
-        self._clock = itertools.count()
+        self.admissions = 0  # sequences admitted so far; orders preemption victims
 
     # ---------------------------------------------------------------- operations
 
@@ -125,7 +125,7 @@ class KVSpec:
         for block in parent.block_table:
             self.ref_count[block] += 1
         self.seqs[child_id] = Sequence(tokens=list(parent.tokens), block_table=list(parent.block_table),
-                                       admitted=next(self._clock))
+                                       admitted=self._admit())
 
     def free(self, seq_id: int) -> None:
         """Finish or cancel a sequence in any status and release everything it holds."""
@@ -176,7 +176,7 @@ class KVSpec:
             seq.block_table.append(gpu_block)
             copies.append((cpu_block, gpu_block))
         self._release_cpu(seq.cpu_block_table)
-        seq.cpu_block_table, seq.status, seq.admitted = [], RUNNING, next(self._clock)
+        seq.cpu_block_table, seq.status, seq.admitted = [], RUNNING, self._admit()
         for j in range(len(seq.tokens) // self.block_size):
             self._index_full_block(seq, j)
         return copies
@@ -263,6 +263,10 @@ class KVSpec:
     def num_free_cpu_blocks(self) -> int:
         return len(self.cpu_free_queue)
 
+    def snapshot(self) -> dict:
+        """A deep copy of the whole state, to compare before and after a failed operation."""
+        return copy.deepcopy(vars(self))
+
     def check(self) -> None:
         """Raise InvariantViolation naming the first broken invariant."""
         from .invariants import check_all
@@ -285,6 +289,10 @@ class KVSpec:
             raise InvalidState(f"sequence {seq_id!r} is {seq.status}, not running")
         return seq
 
+    def _admit(self) -> int:
+        self.admissions += 1
+        return self.admissions
+
     def _running_ids(self):
         return [s for s, seq in self.seqs.items() if seq.status == RUNNING]
 
@@ -304,7 +312,7 @@ class KVSpec:
             self.evictable.pop(block, None)
             self.ref_count[block] += 1
         seq.block_table = hits + [self._take_block() for _ in range(needed)]
-        seq.status, seq.admitted = RUNNING, next(self._clock)
+        seq.status, seq.admitted = RUNNING, self._admit()
         seq.cached_tokens = len(hits) * self.block_size
         for position in range(seq.cached_tokens, len(seq.tokens)):
             self._write(seq, position)

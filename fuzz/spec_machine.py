@@ -1,0 +1,206 @@
+"""The spec's stateful check: random programs over `KVSpec`, every named invariant after every step.
+
+Pools and blocks are drawn small so exhaustion, eviction, copy-on-write, cache hits and swap happen
+every few steps. Ids come from a Bundle that keeps freed ids, so unknown-id errors arise naturally;
+bad inputs (negative tokens, empty prompts, bad modes, duplicate ids) have rules of their own.
+Every error must leave the state exactly as it was, and freeing everything at the end must return
+both pools to full.
+"""
+
+from collections import Counter
+
+from hypothesis import event, strategies as st
+from hypothesis.stateful import (Bundle, RuleBasedStateMachine, initialize, invariant, precondition,
+                                 rule, run_state_machine_as_test)
+
+from pagedkv.spec import DuplicateSequence, KVSpec, OutOfBlocks, PagedKVError
+
+from .profiles import settings_for
+
+#: Paths the CI profile must reach; `run_spec_check` reports how often each was taken.
+PATHS = ("cow", "eviction", "cache_hit", "out_of_blocks", "swap", "recompute", "step_preempt")
+
+SHARED_PREFIXES = ((), (1, 2, 3, 4, 5, 6, 7, 8), (1, 2, 3, 4, 9, 9, 9, 9), (5, 5, 5, 5, 5, 5))
+tokens_st = st.integers(min_value=0, max_value=9)
+prompts = st.builds(
+    lambda prefix, suffix: list(prefix) + suffix,
+    st.sampled_from(SHARED_PREFIXES), st.lists(tokens_st, max_size=6),
+).filter(bool)
+configs = st.fixed_dictionaries({
+    "num_blocks": st.integers(1, 12),
+    "block_size": st.integers(1, 4),
+    "num_cpu_blocks": st.integers(0, 6),
+    "prefix_caching": st.sampled_from([True, True, False]),
+})
+
+
+class SpecMachine(RuleBasedStateMachine):
+    """White-box check of the spec. `tally` (a Counter) collects examples, steps and paths."""
+
+    seq_ids = Bundle("seq_ids")
+    tally: Counter = Counter()
+
+    @initialize(config=configs)
+    def setup(self, config):
+        self.kv = KVSpec(**config)
+        self.next_id = 0
+        self.tally["examples"] += 1
+
+    # -------------------------------------------------------------- helpers
+
+    def attempt(self, operation, *args):
+        """Run one operation; on a typed error require the state untouched. Returns (ok, result)."""
+        self.tally["steps"] += 1
+        before = self.kv.snapshot()
+        indexed_before = set(self.kv.block_hash.items())
+        try:
+            result = getattr(self.kv, operation)(*args)
+        except PagedKVError as error:
+            assert self.kv.snapshot() == before, f"failed {operation}{args} changed the state"
+            self.note_path("out_of_blocks" if isinstance(error, OutOfBlocks) else None)
+            event(f"{operation} -> {type(error).__name__}")
+            return False, error
+        if indexed_before - set(self.kv.block_hash.items()):  # only eviction drops an index entry
+            self.note_path("eviction")
+        event(f"{operation} ok")
+        return True, result
+
+    def note_path(self, path):
+        if path:
+            self.tally[path] += 1
+            event(f"path: {path}")
+
+    def new_id(self):
+        self.next_id += 1
+        return self.next_id
+
+    def running(self):
+        return [s for s in self.kv.seq_ids() if self.kv.status(s) == "running"]
+
+    # -------------------------------------------------------------- operations
+
+    @rule(target=seq_ids, prompt=prompts)
+    def add(self, prompt):
+        seq_id = self.new_id()
+        ok, cached = self.attempt("add", seq_id, prompt)
+        if ok and cached:
+            self.note_path("cache_hit")
+        return seq_id
+
+    @rule(seq_id=seq_ids, token=tokens_st)
+    def append(self, seq_id, token):
+        ok, copies = self.attempt("append", seq_id, token)
+        if ok and copies:
+            self.note_path("cow")
+
+    @precondition(lambda self: self.running())
+    @rule(data=st.data(), tokens=st.lists(tokens_st, min_size=1, max_size=3))
+    def decode_running(self, data, tokens):
+        """Append a few tokens to a live sequence: where forks diverge and copy-on-write happens."""
+        seq_id = data.draw(st.sampled_from(self.running()))
+        for token in tokens:
+            self.append(seq_id, token)
+
+    @precondition(lambda self: self.running())
+    @rule(target=seq_ids, data=st.data(), tokens=st.tuples(tokens_st, tokens_st))
+    def sample_in_parallel(self, data, tokens):
+        """Fork a live sequence and let parent and child each decode a different token."""
+        parent = data.draw(st.sampled_from(self.running()))
+        child = self.fork(parent)
+        self.append(parent, tokens[0])
+        self.append(child, tokens[1])
+        return child
+
+    @rule(target=seq_ids, parent=seq_ids)
+    def fork(self, parent):
+        child = self.new_id()
+        self.attempt("fork", parent, child)
+        return child
+
+    @rule(seq_id=seq_ids)
+    def free(self, seq_id):
+        self.attempt("free", seq_id)
+
+    @rule(seq_id=seq_ids, mode=st.sampled_from(["recompute", "swap"]))
+    def preempt(self, seq_id, mode):
+        ok, _ = self.attempt("preempt", seq_id, mode)
+        if ok:
+            self.note_path("swap" if mode == "swap" else "recompute")
+
+    @rule(seq_id=seq_ids)
+    def resume(self, seq_id):
+        self.attempt("resume", seq_id)
+
+    @precondition(lambda self: self.running())
+    @rule(data=st.data())
+    def step(self, data):
+        batch = data.draw(st.lists(st.sampled_from(self.running()), unique=True))
+        tokens = {seq_id: data.draw(tokens_st) for seq_id in batch}
+        ok, result = self.attempt("step", tokens)
+        assert ok, f"step must not fail on running sequences: {result!r}"
+        if result.preempted:
+            self.note_path("step_preempt")
+        if result.copies:
+            self.note_path("cow")
+
+    # -------------------------------------------------------------- bad inputs
+
+    @rule(seq_id=seq_ids, prompt=prompts)
+    def add_existing_id(self, seq_id, prompt):
+        exists = seq_id in self.kv.seqs
+        ok, error = self.attempt("add", seq_id, prompt)
+        if exists:
+            assert isinstance(error, DuplicateSequence), f"add of existing id gave {error!r}"
+
+    @rule(data=st.data())
+    def malformed_or_unknown(self, data):
+        """One bad call: a malformed argument or an id that was never added. All must fail."""
+        seq_id = data.draw(st.sampled_from(self.kv.seq_ids() or [0]))
+        ghost = self.next_id + 1000
+        operation, *args = data.draw(st.sampled_from([
+            ("add", self.next_id + 500, []), ("add", self.next_id + 500, [1, -3]),
+            ("add", self.next_id + 500, "abc"), ("add", self.next_id + 500, [1.5]), ("add", "x", [1]),
+            ("append", seq_id, -1), ("append", seq_id, 2.0), ("append", seq_id, True),
+            ("preempt", seq_id, "discard"), ("step", [seq_id]), ("step", {seq_id: -1}),
+            ("refcount", self.kv.num_blocks), ("refcount", -1),
+            ("append", ghost, 1), ("free", ghost), ("fork", ghost, ghost + 1), ("preempt", ghost, "swap"),
+            ("resume", ghost), ("step", {ghost: 1}),
+        ]))
+        ok, _ = self.attempt(operation, *args)
+        assert not ok, f"{operation}{tuple(args)} should have failed"
+
+    # -------------------------------------------------------------- invariants
+
+    @invariant()
+    def invariants_hold(self):
+        self.kv.check()
+
+    def teardown(self):
+        if not hasattr(self, "kv"):
+            return
+        for seq_id in self.kv.seq_ids():
+            self.kv.free(seq_id)
+        self.kv.check()
+        assert self.kv.num_free_blocks() == self.kv.num_blocks, "blocks leaked after freeing everything"
+        assert self.kv.num_free_cpu_blocks() == self.kv.num_cpu_blocks, "cpu blocks leaked"
+
+
+def run_spec_machine(profile: str, **overrides) -> Counter:
+    """Run the spec's stateful check under `profile`; return the tally of examples, steps, paths."""
+    tally = Counter()
+    machine = type("SpecMachineRun", (SpecMachine,), {"tally": tally})
+    run_state_machine_as_test(machine, settings=settings_for(profile, **overrides))
+    return tally
+
+
+def run_spec_check(profile: str) -> dict:
+    """The `pagedkv check` entry: the stateful check, and every interesting path reached."""
+    tally = run_spec_machine(profile)
+    missed = [path for path in PATHS if not tally[path]]
+    paths = ", ".join(f"{path}={tally[path]}" for path in PATHS)
+    return {
+        "name": "spec-stateful",
+        "covered": f"{tally['examples']} examples, {tally['steps']} steps ({paths})",
+        "passed": not missed,
+        "detail": f"paths never reached: {', '.join(missed)}" if missed else "",
+    }
