@@ -194,12 +194,13 @@ def check_query_start_loc(query_start_loc, num_tokens: int, seq_lens: list[int],
     qsl = query_start_loc.cpu().tolist()
     if qsl[0] != 0:
         _fail(f"query_start_loc[0] must be 0, got {qsl[0]}")
+    for i in range(len(seq_lens)):
+        if qsl[i + 1] < qsl[i]:
+            _fail(f"query_start_loc must be non-decreasing; entry {i + 1} ({qsl[i + 1]}) < entry {i} ({qsl[i]})")
     if qsl[-1] != num_tokens:
         _fail(f"query_start_loc[-1] = {qsl[-1]} must equal the number of query tokens {num_tokens}")
     for i in range(len(seq_lens)):
         q_len = qsl[i + 1] - qsl[i]
-        if q_len < 0:
-            _fail(f"query_start_loc must be non-decreasing; entry {i + 1} ({qsl[i + 1]}) < entry {i} ({qsl[i]})")
         if q_len > seq_lens[i]:
             _fail(
                 f"sequence {i} has {q_len} queries but only {seq_lens[i]} tokens; the queries are the "
