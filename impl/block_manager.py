@@ -1,0 +1,681 @@
+"""BlockManager: the production paged KV-cache allocator, observably equal to `pagedkv.spec.KVSpec`.
+
+Same operations, errors (checked in the spec's order), deterministic choices and failure atomicity
+as the spec; the differential fuzz test (`pagedkv.fuzz.differential`) holds it to that. What differs
+is how state is kept, so that an engine's per-step work is a handful of numpy operations:
+
+- each sequence owns a *row* of a preallocated int32 block-table array (`-1` past its blocks),
+  shared with a torch tensor (the same memory on CPU; synced row by row on other devices);
+- `block_tokens[b]` holds the token ids written into block b, as a real cache holds their KV, so a
+  running sequence's tokens are read back through its table and nothing else is stored per token;
+- ref counts, lengths and statuses are numpy arrays, so `append_batch` for a whole batch is
+  vectorized; only the rare sequences that copy-on-write or fill a block under prefix caching
+  take a short Python loop;
+- copies the engine must perform (copy-on-write, swap out, swap in) queue up until `take_copies`.
+
+Concurrency: every public method holds one re-entrant lock, so a manager may be shared between
+threads; each call is atomic (and a failed call changes nothing), but a sequence of calls is not.
+
+Limits beyond the spec: token ids must fit in int64; `max_seqs` and `max_blocks_per_seq` size the
+preallocated tables, which grow (re-allocating the tensor) if a workload goes beyond them.
+"""
+
+import functools
+import threading
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from pagedkv.spec import (RUNNING, SWAPPED, WAITING, DuplicateSequence, InvalidArgument,
+                          InvalidState, InvariantViolation, OutOfBlocks, StepResult, UnknownSequence)
+
+from .block_pool import BlockPool
+from .hashing import CHAIN_HASHES, blocks_needed
+from .prefix_cache import PrefixCache
+
+STATUSES = (RUNNING, WAITING, SWAPPED)
+_RUNNING, _WAITING, _SWAPPED = range(3)
+PREEMPT_MODES = ("recompute", "swap")
+_INT64_MAX = 2 ** 63 - 1
+
+
+@dataclass
+class _Seq:
+    row: int
+    cached_tokens: int = 0
+    waiting_tokens: list = field(default_factory=list)   # only while waiting (it holds no blocks)
+    cpu_block_table: list = field(default_factory=list)  # only while swapped
+
+
+class Copies(NamedTuple):
+    """Pending block copies as int64 [P, 2] (src, dst) tensors. Perform them in field order:
+    swap-outs read GPU blocks before anything reuses them, swap-ins fill blocks a copy-on-write
+    may read, copy-on-writes (GPU to GPU, `copy_blocks`) last."""
+
+    swap_out: torch.Tensor   # (gpu, cpu)
+    swap_in: torch.Tensor    # (cpu, gpu)
+    cow: torch.Tensor        # (gpu, gpu)
+
+
+def _locked(method):
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return wrapper
+
+
+class BlockManager:
+    capabilities = frozenset({"fork", "prefix_caching", "swap"})
+
+    def __init__(self, num_blocks: int, block_size: int, *, num_cpu_blocks: int = 0,
+                 prefix_caching: bool = False, device="cpu", max_seqs: int = 256,
+                 max_blocks_per_seq: int = 64, hash_algo="xxhash"):
+        _require(_is_int(num_blocks) and num_blocks >= 1, f"num_blocks must be >= 1, got {num_blocks!r}")
+        _require(_is_int(block_size) and block_size >= 1, f"block_size must be >= 1, got {block_size!r}")
+        _require(_is_int(num_cpu_blocks) and num_cpu_blocks >= 0,
+                 f"num_cpu_blocks must be >= 0, got {num_cpu_blocks!r}")
+        _require(_is_int(max_seqs) and max_seqs >= 1, f"max_seqs must be >= 1, got {max_seqs!r}")
+        _require(_is_int(max_blocks_per_seq) and max_blocks_per_seq >= 1,
+                 f"max_blocks_per_seq must be >= 1, got {max_blocks_per_seq!r}")
+        _require(callable(hash_algo) or hash_algo in CHAIN_HASHES,
+                 f"hash_algo must be one of {tuple(CHAIN_HASHES)} or a chain-hash function, got {hash_algo!r}")
+        self.num_blocks, self.block_size, self.num_cpu_blocks = num_blocks, block_size, num_cpu_blocks
+        self.prefix_caching = bool(prefix_caching)
+        self.device = torch.device(device)
+        chain_hash = hash_algo if callable(hash_algo) else CHAIN_HASHES[hash_algo]
+        self.cache = PrefixCache(chain_hash) if self.prefix_caching else None
+        self.pool = BlockPool(num_blocks, self.cache)
+        self.block_tokens = np.zeros((num_blocks, block_size), dtype=np.int64)
+        self.cpu_block_tokens = np.zeros((num_cpu_blocks, block_size), dtype=np.int64)
+        self.cpu_free_queue = deque(range(num_cpu_blocks))
+        self.seqs: dict = {}                  # seq_id -> _Seq, in creation order
+        self.row_of: dict = {}                # seq_id -> row, the hot path's lookup
+        self.running: OrderedDict = OrderedDict()   # running seq_ids, earliest admitted first
+        self._free_rows: list = []
+        self._admissions = 0
+        self._rows_version = 0                # bumped whenever a row is recycled
+        self._last_batch = None               # (seq_ids, rows, version): engines repeat batches
+        self._pending = {"swap_out": [], "swap_in": [], "cow": []}
+        self.stats = dict.fromkeys(("prompt_tokens", "cached_tokens", "copies", "swap_outs",
+                                    "swap_ins", "preempt_recompute", "preempt_swap"), 0)
+        self._lock = threading.RLock()
+        self._allocate_rows(max_seqs, max_blocks_per_seq)
+
+    # ---------------------------------------------------------------- spec operations
+
+    @_locked
+    def add(self, seq_id: int, tokens: list) -> int:
+        """Admit a prompt: ceil(len/B) blocks, the longest confirmed cached prefix shared.
+        Returns the prompt tokens served from cache."""
+        _check_seq_id(seq_id)
+        tokens = _check_prompt(tokens)
+        if seq_id in self.seqs:
+            raise DuplicateSequence(seq_id)
+        hits, needed = self._plan_prompt(tokens)
+        seq = _Seq(row=self._take_row())
+        self.seqs[seq_id], self.row_of[seq_id] = seq, seq.row
+        self._place_prompt(seq_id, seq, tokens, hits, needed)
+        return seq.cached_tokens
+
+    @_locked
+    def append(self, seq_id: int, token: int) -> list:
+        """Append one decoded token; returns the copy-on-write copies [(src, dst)]."""
+        _check_token(token)
+        row = self._running_row(seq_id)
+        return self._append_rows(np.array([row]), np.array([token], dtype=np.int64))
+
+    @_locked
+    def fork(self, parent_id: int, child_id: int) -> None:
+        """Start `child_id` sharing every block of running `parent_id` (ref count + 1 each)."""
+        _check_seq_id(parent_id)
+        _check_seq_id(child_id)
+        parent = self._get(parent_id)
+        if child_id in self.seqs:
+            raise DuplicateSequence(child_id)
+        if self.row_status[parent.row] != _RUNNING:
+            raise InvalidState(f"cannot fork sequence {parent_id!r}: it is {self.status(parent_id)}")
+        table = self._table(parent.row)
+        self.pool.share(table)
+        child = _Seq(row=self._take_row(), cached_tokens=0)
+        self.seqs[child_id], self.row_of[child_id] = child, child.row
+        self.seq_len[child.row] = self.seq_len[parent.row]
+        self._set_table(child.row, table)
+        self._make_running(child_id, child.row)
+
+    @_locked
+    def free(self, seq_id: int) -> None:
+        """Finish or cancel a sequence in any status and release everything it holds."""
+        seq = self._get(seq_id)
+        self.pool.release(self._table(seq.row))
+        self.cpu_free_queue.extend(seq.cpu_block_table)
+        self._set_table(seq.row, [])
+        self.running.pop(seq_id, None)
+        del self.seqs[seq_id], self.row_of[seq_id]
+        self._free_rows.append(seq.row)
+        self._rows_version += 1
+
+    @_locked
+    def preempt(self, seq_id: int, mode: str = "recompute") -> list:
+        """"recompute": release the blocks, keep the tokens (waiting). "swap": copy each block to a
+        new CPU block, release the GPU blocks (swapped). Returns the (gpu, cpu) copies."""
+        if mode not in PREEMPT_MODES:
+            raise InvalidArgument(f"preempt mode must be one of {PREEMPT_MODES}, got {mode!r}")
+        row = self._running_row(seq_id)
+        seq, table = self.seqs[seq_id], self._table(row)
+        copies = []
+        if mode == "recompute":
+            seq.waiting_tokens = self._running_tokens(row)
+            self.stats["preempt_recompute"] += 1
+        else:
+            if len(table) > len(self.cpu_free_queue):
+                raise OutOfBlocks(len(table), len(self.cpu_free_queue), pool="cpu")
+            seq.cpu_block_table = [self.cpu_free_queue.popleft() for _ in table]
+            self.cpu_block_tokens[seq.cpu_block_table] = self.block_tokens[table]
+            copies = list(zip(table, seq.cpu_block_table))
+            self._pending["swap_out"] += copies
+            self.stats["preempt_swap"] += 1
+            self.stats["swap_outs"] += len(copies)
+        self.pool.release(table)
+        self._set_table(row, [])
+        self.row_status[row] = _WAITING if mode == "recompute" else _SWAPPED
+        del self.running[seq_id]
+        return copies
+
+    @_locked
+    def resume(self, seq_id: int) -> list:
+        """Waiting: allocate like `add` of its tokens. Swapped: new unshared GPU blocks copied
+        back from the CPU blocks, which are freed. Returns the (cpu, gpu) copies."""
+        seq = self._get(seq_id)
+        status = self.row_status[seq.row]
+        if status == _RUNNING:
+            raise InvalidState(f"sequence {seq_id!r} is already running")
+        if status == _WAITING:
+            hits, needed = self._plan_prompt(seq.waiting_tokens)
+            self._place_prompt(seq_id, seq, seq.waiting_tokens, hits, needed)
+            seq.waiting_tokens = []
+            return []
+        cpu_table = seq.cpu_block_table
+        self._require_free(len(cpu_table))
+        table = self.pool.take(len(cpu_table))
+        self.block_tokens[table] = self.cpu_block_tokens[cpu_table]
+        self.cpu_free_queue.extend(cpu_table)
+        seq.cpu_block_table = []
+        self._set_table(seq.row, table)
+        self._make_running(seq_id, seq.row)
+        self._fill_cache(table, 0, int(self.seq_len[seq.row]) // self.block_size)
+        copies = list(zip(cpu_table, table))
+        self._pending["swap_in"] += copies
+        self.stats["swap_ins"] += len(copies)
+        return copies
+
+    def swap_out(self, seq_id: int) -> list:
+        return self.preempt(seq_id, "swap")
+
+    @_locked
+    def swap_in(self, seq_id: int) -> list:
+        if self.row_status[self._get(seq_id).row] != _SWAPPED:
+            raise InvalidState(f"sequence {seq_id!r} is not swapped")
+        return self.resume(seq_id)
+
+    @_locked
+    def step(self, tokens: dict) -> StepResult:
+        """One batched decode step, as the spec's: while the step's new blocks exceed the free
+        ones, preempt (recompute) the latest admitted running sequence and drop its token; then
+        append the rest in admission order."""
+        if not isinstance(tokens, dict):
+            raise InvalidArgument(f"step takes a dict of seq_id -> token, got {type(tokens).__name__}")
+        for seq_id, token in tokens.items():
+            _check_seq_id(seq_id)
+            _check_token(token)
+        for seq_id in tokens:
+            self._running_row(seq_id)
+        batch, preempted = dict(tokens), []
+        while self.blocks_for_append(list(batch)) > self.pool.num_free():
+            victim = next(reversed(self.running))
+            self.preempt(victim, "recompute")
+            preempted.append(victim)
+            batch.pop(victim, None)
+        order = sorted(batch, key=lambda s: self.admitted[self.row_of[s]])
+        copies = self.append_batch(order, [batch[s] for s in order]) if order else []
+        return StepResult(appended=order, preempted=preempted, copies=copies)
+
+    # ---------------------------------------------------------------- batched forms
+
+    @_locked
+    def append_batch(self, seq_ids, tokens) -> list:
+        """Append tokens[i] to seq_ids[i] for every i, exactly as that many `append` calls in this
+        order would, but all or nothing. Returns the copy-on-write copies."""
+        tokens = _check_token_batch(tokens)
+        rows = self._rows(seq_ids)
+        _require(len(rows) == len(tokens), f"{len(rows)} sequences but {len(tokens)} tokens")
+        self._require_running(rows)
+        return self._append_rows(rows, tokens)
+
+    @_locked
+    def blocks_for_append(self, seq_ids) -> int:
+        """New blocks appending one token to each of these running sequences would take."""
+        rows = self._rows(seq_ids)
+        needs_tail, cow, _ = self._plan_append(rows)
+        return int(np.count_nonzero(needs_tail | cow))
+
+    @_locked
+    def block_tables(self, seq_ids) -> torch.Tensor:
+        """int32 [N, M] block tables of these sequences on `device`, M = the most blocks any of
+        them holds, -1 past a sequence's own blocks."""
+        rows = self._rows(seq_ids)
+        width = int(self.num_held[rows].max(initial=0))
+        if self.device.type == "cpu":
+            return torch.from_numpy(self.tables[rows, :width])
+        self._sync_device_tables()
+        return self.device_tables[torch.from_numpy(rows).to(self.device), :width]
+
+    @_locked
+    def seq_lens(self, seq_ids) -> torch.Tensor:
+        return torch.from_numpy(self.seq_len[self._rows(seq_ids)].astype(np.int32)).to(self.device)
+
+    @_locked
+    def slot_mapping(self, seq_ids, num_tokens=1) -> torch.Tensor:
+        """int64 slots (block * B + offset) of the last `num_tokens` tokens of each running
+        sequence, concatenated: what a forward pass writes (prefill: length - cached; decode: 1)."""
+        rows = self._rows(seq_ids)
+        self._require_running(rows)
+        counts = np.broadcast_to(np.asarray(num_tokens, dtype=np.int64), rows.shape)
+        lens = self.seq_len[rows]
+        _require(bool(((counts >= 0) & (counts <= lens)).all()), "num_tokens must be in 0..length")
+        if (counts == 1).all():   # decode: one position per sequence
+            seg_rows, positions = rows, lens - 1
+        else:
+            seg_rows = np.repeat(rows, counts)
+            ends = np.cumsum(counts)
+            positions = np.arange(ends[-1] if len(ends) else 0) - np.repeat(ends - counts, counts) \
+                + np.repeat(lens - counts, counts)
+        blocks = self.tables[seg_rows, positions // self.block_size].astype(np.int64)
+        return torch.from_numpy(blocks * self.block_size + positions % self.block_size).to(self.device)
+
+    @_locked
+    def take_copies(self) -> Copies:
+        """Drain the pending copies (see `Copies` for the order to perform them in)."""
+        drained = {kind: torch.tensor(pairs, dtype=torch.int64).reshape(-1, 2).to(self.device)
+                   for kind, pairs in self._pending.items()}
+        self._pending = {kind: [] for kind in self._pending}
+        return Copies(**drained)
+
+    # ---------------------------------------------------------------- queries
+
+    @_locked
+    def block_table(self, seq_id: int) -> list:
+        return self._table(self._get(seq_id).row)
+
+    @_locked
+    def cpu_block_table(self, seq_id: int) -> list:
+        return list(self._get(seq_id).cpu_block_table)
+
+    @_locked
+    def length(self, seq_id: int) -> int:
+        return int(self.seq_len[self._get(seq_id).row])
+
+    @_locked
+    def tokens(self, seq_id: int) -> list:
+        seq = self._get(seq_id)
+        status = self.row_status[seq.row]
+        if status == _WAITING:
+            return list(seq.waiting_tokens)
+        if status == _SWAPPED:
+            return self.cpu_block_tokens[seq.cpu_block_table].ravel()[:self.seq_len[seq.row]].tolist()
+        return self._running_tokens(seq.row)
+
+    @_locked
+    def status(self, seq_id: int) -> str:
+        return STATUSES[self.row_status[self._get(seq_id).row]]
+
+    @_locked
+    def cached_tokens(self, seq_id: int) -> int:
+        return self._get(seq_id).cached_tokens
+
+    @_locked
+    def seq_ids(self) -> list:
+        return list(self.seqs)
+
+    @_locked
+    def refcount(self, block: int) -> int:
+        if not (_is_int(block) and 0 <= block < self.num_blocks):
+            raise InvalidArgument(f"block id {block!r} outside 0..{self.num_blocks - 1}")
+        return int(self.pool.ref_count[block])
+
+    @_locked
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free()
+
+    @_locked
+    def num_evictable_blocks(self) -> int:
+        return len(self.pool.evictable)
+
+    @_locked
+    def num_active_blocks(self) -> int:
+        return self.num_blocks - self.pool.num_free()
+
+    @_locked
+    def num_free_cpu_blocks(self) -> int:
+        return len(self.cpu_free_queue)
+
+    @_locked
+    def metrics(self) -> dict:
+        active = self.num_blocks - self.pool.num_free()
+        looked_up = self.stats["prompt_tokens"]
+        return {
+            "free_blocks": len(self.pool.free_queue),
+            "evictable_blocks": len(self.pool.evictable),
+            "active_blocks": active,
+            "usage": active / self.num_blocks,
+            "prefix_hit_rate": self.stats["cached_tokens"] / looked_up if looked_up else 0.0,
+            "evictions": self.pool.evictions,
+            **self.stats,
+        }
+
+    @_locked
+    def check(self) -> None:
+        """Raise InvariantViolation naming the first broken invariant among those that need no
+        ghost content: conservation, refcount, table_shape, cache_index."""
+        for name, problems in self._invariant_problems().items():
+            if problems:
+                raise InvariantViolation(name, "; ".join(problems[:3]))
+
+    # ---------------------------------------------------------------- internals: sequences
+
+    def _get(self, seq_id) -> _Seq:
+        _check_seq_id(seq_id)
+        if seq_id not in self.seqs:
+            raise UnknownSequence(seq_id)
+        return self.seqs[seq_id]
+
+    def _running_row(self, seq_id) -> int:
+        row = self._get(seq_id).row
+        if self.row_status[row] != _RUNNING:
+            raise InvalidState(f"sequence {seq_id!r} is {STATUSES[self.row_status[row]]}, not running")
+        return row
+
+    def _rows(self, seq_ids) -> np.ndarray:
+        """Rows of distinct known sequences. Engines pass the same batch step after step, so the
+        last batch's rows are remembered until a row is recycled."""
+        if isinstance(seq_ids, (np.ndarray, torch.Tensor)):
+            seq_ids = seq_ids.tolist()
+        last = self._last_batch
+        if last is not None and last[2] == self._rows_version and last[0] == seq_ids:
+            return last[1]
+        _require(isinstance(seq_ids, (list, tuple)), f"seq_ids must be a list, got {type(seq_ids).__name__}")
+        if set(map(type, seq_ids)) - {int}:
+            for seq_id in seq_ids:
+                _check_seq_id(seq_id)
+        _require(len(set(seq_ids)) == len(seq_ids), "a batch names a sequence twice")
+        try:
+            rows = np.fromiter(map(self.row_of.__getitem__, seq_ids), np.int64, len(seq_ids))
+        except KeyError as missing:
+            raise UnknownSequence(missing.args[0]) from None
+        self._last_batch = (list(seq_ids), rows, self._rows_version)
+        return rows
+
+    def _require_running(self, rows: np.ndarray) -> None:
+        not_running = np.flatnonzero(self.row_status[rows] != _RUNNING)
+        if len(not_running):
+            row = rows[not_running[0]]
+            raise InvalidState(f"a sequence in the batch is {STATUSES[self.row_status[row]]}, not running")
+
+    def _make_running(self, seq_id, row: int) -> None:
+        self._admissions += 1
+        self.admitted[row] = self._admissions
+        self.row_status[row] = _RUNNING
+        self.running[seq_id] = None
+
+    def _running_tokens(self, row: int) -> list:
+        return self.block_tokens[self._table(row)].ravel()[:self.seq_len[row]].tolist()
+
+    # ---------------------------------------------------------------- internals: allocation
+
+    def _require_free(self, needed: int) -> None:
+        if needed > self.pool.num_free():
+            raise OutOfBlocks(needed, self.pool.num_free())
+
+    def _plan_prompt(self, tokens: list):
+        """Confirmed cache hits for a prompt and how many new blocks it needs; raises OutOfBlocks
+        (nothing changed) when they are not there. Hits waiting in the LRU are not available."""
+        B = self.block_size
+        hits = self.cache.lookup(tokens, (len(tokens) - 1) // B, B) if self.cache else []
+        needed = blocks_needed(len(tokens), B) - len(hits)
+        available = self.pool.num_free() - sum(1 for b in hits if self.pool.ref_count[b] == 0)
+        if needed > available:
+            raise OutOfBlocks(needed, available)
+        return hits, needed
+
+    def _place_prompt(self, seq_id, seq: _Seq, tokens: list, hits: list, needed: int) -> None:
+        B = self.block_size
+        self.pool.share(hits)
+        fresh = self.pool.take(needed)
+        cached = len(hits) * B
+        written = np.zeros(needed * B, dtype=np.int64)
+        written[:len(tokens) - cached] = tokens[cached:]
+        self.block_tokens[fresh] = written.reshape(needed, B)
+        table = hits + fresh
+        self.seq_len[seq.row] = len(tokens)
+        self._set_table(seq.row, table)
+        self._make_running(seq_id, seq.row)
+        seq.cached_tokens = cached
+        self.stats["prompt_tokens"] += len(tokens)
+        self.stats["cached_tokens"] += cached
+        self._fill_cache(table, len(hits), len(tokens) // B)
+
+    def _fill_cache(self, table: list, first: int, stop: int) -> None:
+        """Record blocks first..stop-1 of a table, all just filled, in the prefix cache in order."""
+        if self.cache is None:
+            return
+        for j in range(first, stop):
+            block = table[j]
+            self.cache.fill(block, table[j - 1] if j else None, tuple(self.block_tokens[block].tolist()))
+
+    def _plan_append(self, rows: np.ndarray):
+        """For appending one token to each row in this order: who needs a fresh tail (tail full)
+        and who copies a shared partial tail first. Sharers copy in order; when every holder of a
+        tail is in the batch, the last one writes in place."""
+        offsets = self.seq_len[rows] % self.block_size
+        tails = self.tables[rows, self.num_held[rows] - 1].astype(np.int64)
+        needs_tail = offsets == 0
+        cow = ~needs_tail & (self.pool.ref_count[tails] > 1)
+        pending_refs = {}
+        for i in np.flatnonzero(cow).tolist():
+            tail = tails[i]
+            refs = pending_refs.get(tail, self.pool.ref_count[tail])
+            cow[i] = refs > 1
+            pending_refs[tail] = refs - 1
+        return needs_tail, cow, tails
+
+    def _append_rows(self, rows: np.ndarray, tokens: np.ndarray) -> list:
+        needs_tail, cow, tails = self._plan_append(rows)
+        needy = np.flatnonzero(needs_tail | cow)
+        self._require_free(len(needy))
+        if self.cache is not None and len(needy) > len(self.pool.free_queue) and len(rows) > 1:
+            # An eviction unindexes a block; an earlier sequence's filled block must be indexed
+            # before that, as appending one at a time would. Rare: keep that order literally.
+            return [copy for i in range(len(rows)) for copy in self._append_rows(rows[i:i + 1], tokens[i:i + 1])]
+        held = self.num_held[rows]
+        new_blocks = np.asarray(self.pool.take(len(needy)), dtype=np.int64)
+        is_tail = needs_tail[needy]
+        grow = needy[is_tail]
+        self._ensure_width(int(held[grow].max(initial=0)) + 1)
+        self.tables[rows[grow], held[grow]] = new_blocks[is_tail]
+        self.num_held[rows[grow]] += 1
+        copies = self._copy_on_write(rows, held, needy[~is_tail], tails, new_blocks[~is_tail])
+        self._dirty[rows[needy]] = True
+        offsets = self.seq_len[rows] % self.block_size
+        self.block_tokens[self.tables[rows, self.num_held[rows] - 1], offsets] = tokens
+        self.seq_len[rows] += 1
+        if self.cache is not None:
+            for i in np.flatnonzero(offsets == self.block_size - 1).tolist():
+                table = self._table(rows[i])
+                self._fill_cache(table, len(table) - 1, len(table))
+        return copies
+
+    def _copy_on_write(self, rows, held, which, tails, dst) -> list:
+        if not len(which):
+            return []
+        src = tails[which]
+        self.tables[rows[which], held[which] - 1] = dst
+        np.subtract.at(self.pool.ref_count, src, 1)
+        self.block_tokens[dst] = self.block_tokens[src]
+        copies = list(zip(src.tolist(), dst.tolist()))
+        self._pending["cow"] += copies
+        self.stats["copies"] += len(copies)
+        return copies
+
+    # ---------------------------------------------------------------- internals: table storage
+
+    def _allocate_rows(self, max_seqs: int, width: int) -> None:
+        self.tables = np.full((max_seqs, width), -1, dtype=np.int32)
+        self.seq_len = np.zeros(max_seqs, dtype=np.int64)
+        self.num_held = np.zeros(max_seqs, dtype=np.int64)
+        self.admitted = np.zeros(max_seqs, dtype=np.int64)
+        self.row_status = np.zeros(max_seqs, dtype=np.int8)
+        self._dirty = np.ones(max_seqs, dtype=bool)
+        self._free_rows = list(range(max_seqs - 1, -1, -1))
+        self._new_table_tensor()
+
+    def _new_table_tensor(self) -> None:
+        """The tensor kernels read: the host array itself on CPU, a device copy elsewhere."""
+        self._dirty[:] = True
+        self.device_tables = (torch.from_numpy(self.tables) if self.device.type == "cpu"
+                              else torch.empty(self.tables.shape, dtype=torch.int32, device=self.device))
+
+    def _sync_device_tables(self) -> None:
+        dirty = np.flatnonzero(self._dirty)
+        if len(dirty):
+            index = torch.from_numpy(dirty).to(self.device)
+            self.device_tables[index] = torch.from_numpy(self.tables[dirty]).to(self.device)
+            self._dirty[dirty] = False
+
+    def _take_row(self) -> int:
+        if not self._free_rows:
+            self._grow_rows()
+        return self._free_rows.pop()
+
+    def _grow_rows(self) -> None:
+        old = len(self.seq_len)
+        arrays = (self.tables, self.seq_len, self.num_held, self.admitted, self.row_status)
+        self._allocate_rows(2 * old, self.tables.shape[1])
+        for new, array in zip((self.tables, self.seq_len, self.num_held, self.admitted, self.row_status), arrays):
+            new[:old] = array
+        self._free_rows = list(range(2 * old - 1, old - 1, -1))
+
+    def _ensure_width(self, width: int) -> None:
+        if width > self.tables.shape[1]:
+            old = self.tables
+            self.tables = np.full((old.shape[0], max(width, 2 * old.shape[1])), -1, dtype=np.int32)
+            self.tables[:, :old.shape[1]] = old
+            self._new_table_tensor()
+
+    def _table(self, row: int) -> list:
+        return self.tables[row, :self.num_held[row]].tolist()
+
+    def _set_table(self, row: int, table: list) -> None:
+        self._ensure_width(len(table))
+        self.tables[row, :self.num_held[row]] = -1
+        self.tables[row, :len(table)] = table
+        self.num_held[row] = len(table)
+        self._dirty[row] = True
+
+    # ---------------------------------------------------------------- internals: invariants
+
+    def _invariant_problems(self) -> dict:
+        tables = {seq_id: self._table(seq.row) for seq_id, seq in self.seqs.items()}
+        return {
+            "conservation": self.pool.problems() + self._cpu_problems(),
+            "refcount": self._refcount_problems(tables),
+            "table_shape": self._shape_problems(tables),
+            "cache_index": self.cache.problems(self.block_tokens) if self.cache else [],
+        }
+
+    def _cpu_problems(self) -> list:
+        held = [b for seq in self.seqs.values() for b in seq.cpu_block_table]
+        homes = np.bincount(np.array(list(self.cpu_free_queue) + held, dtype=np.int64),
+                            minlength=self.num_cpu_blocks)
+        return [f"cpu block {b} is in {homes[b]} of free/held" for b in np.flatnonzero(homes != 1).tolist()]
+
+    def _refcount_problems(self, tables: dict) -> list:
+        problems = [f"sequence {s} holds a block twice: {t}" for s, t in tables.items() if len(set(t)) != len(t)]
+        holders = np.zeros(self.num_blocks, dtype=np.int64)
+        for table in tables.values():
+            holders[list(set(table))] += 1
+        problems += [f"block {b}: ref count {self.pool.ref_count[b]}, held by {holders[b]} tables"
+                     for b in np.flatnonzero(holders != self.pool.ref_count).tolist()]
+        return problems
+
+    def _shape_problems(self, tables: dict) -> list:
+        problems = []
+        for seq_id, seq in self.seqs.items():
+            row, status = seq.row, STATUSES[self.row_status[seq.row]]
+            want = blocks_needed(int(self.seq_len[row]), self.block_size)
+            held = (len(tables[seq_id]), len(seq.cpu_block_table))
+            expected = {RUNNING: (want, 0), SWAPPED: (0, want), WAITING: (0, 0)}[status]
+            if held != expected or (self.tables[row, held[0]:] != -1).any():
+                problems.append(f"{status} sequence {seq_id} of length {self.seq_len[row]} holds "
+                                f"{held[0]} gpu / {held[1]} cpu blocks, expected {expected}")
+            if (seq_id in self.running) != (status == RUNNING):
+                problems.append(f"sequence {seq_id} is {status} but the running list disagrees")
+        return problems
+
+    def __repr__(self):
+        return (f"BlockManager(num_blocks={self.num_blocks}, block_size={self.block_size}, "
+                f"num_cpu_blocks={self.num_cpu_blocks}, prefix_caching={self.prefix_caching}, "
+                f"seqs={len(self.seqs)}, free={self.pool.num_free()})")
+
+
+# -------------------------------------------------------------------- argument checks (the spec's)
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise InvalidArgument(message)
+
+
+def _check_seq_id(seq_id) -> None:
+    _require(_is_int(seq_id), f"sequence ids are ints, got {seq_id!r}")
+
+
+def _check_token(token) -> None:
+    _require(_is_int(token) and 0 <= token <= _INT64_MAX, f"tokens are ints in 0..2**63-1, got {token!r}")
+
+
+def _check_prompt(tokens) -> list:
+    _require(isinstance(tokens, (list, tuple)) and len(tokens) > 0,
+             f"a prompt is a non-empty list of tokens, got {tokens!r}")
+    tokens = list(tokens)
+    if set(map(type, tokens)) != {int} or min(tokens) < 0 or max(tokens) > _INT64_MAX:
+        for token in tokens:   # the slow path finds and names the bad token
+            _check_token(token)
+    return tokens
+
+
+def _check_token_batch(tokens) -> np.ndarray:
+    """A batch of tokens as int64: a list of ints, or an integer numpy array or tensor."""
+    if isinstance(tokens, torch.Tensor):
+        tokens = tokens.cpu().numpy()
+    if isinstance(tokens, np.ndarray):
+        _require(tokens.ndim == 1 and (tokens.dtype.kind in "iu" or tokens.size == 0),
+                 f"a token batch is a 1-d integer array, got {tokens.dtype}{list(tokens.shape)}")
+        array = tokens.astype(np.int64)   # uint64 beyond int64 wraps negative and is refused
+        _require(not (array < 0).any(), "tokens are ints in 0..2**63-1")
+        return array
+    _require(isinstance(tokens, (list, tuple)), f"tokens must be a list, got {type(tokens).__name__}")
+    if set(map(type, tokens)) - {int}:
+        for token in tokens:
+            _check_token(token)
+    try:
+        array = np.array(tokens, dtype=np.int64)
+    except OverflowError:
+        raise InvalidArgument("tokens are ints in 0..2**63-1") from None
+    _require(not (array < 0).any(), "tokens are ints >= 0")
+    return array

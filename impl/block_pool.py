@@ -1,0 +1,72 @@
+"""The GPU block pool: ref counts, the never-cached free queue (FIFO) and the evictable LRU.
+
+Every block is exactly one of: free (in `free_queue`), evictable (ref count 0, still indexed in the
+prefix cache, in `evictable` from least to most recently released) or live (ref count > 0).
+Taking, sharing and releasing are O(1) per block: deque ends and OrderedDict moves, no scans.
+"""
+
+from collections import OrderedDict, deque
+
+import numpy as np
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, cache=None):
+        self.num_blocks = num_blocks
+        self.ref_count = np.zeros(num_blocks, dtype=np.int32)
+        self.free_queue = deque(range(num_blocks))
+        self.evictable: OrderedDict = OrderedDict()
+        self.cache = cache
+        self.evictions = 0
+
+    def num_free(self) -> int:
+        """Blocks an allocation could take now."""
+        return len(self.free_queue) + len(self.evictable)
+
+    def take(self, n: int) -> list:
+        """`n` new blocks with ref count 1: oldest free first, then evict least recently released.
+        The caller has checked that `n <= num_free()`."""
+        from_queue = min(n, len(self.free_queue))
+        blocks = [self.free_queue.popleft() for _ in range(from_queue)]
+        for _ in range(n - from_queue):
+            block, _ = self.evictable.popitem(last=False)
+            self.cache.forget(block)
+            self.evictions += 1
+            blocks.append(block)
+        self.ref_count[blocks] = 1
+        return blocks
+
+    def share(self, blocks: list) -> None:
+        """One more reference to each (distinct) block; an evictable one becomes live again."""
+        for block in blocks:
+            self.evictable.pop(block, None)
+        self.ref_count[blocks] += 1
+
+    def release(self, table) -> None:
+        """Drop one reference to each block of a table, tail first, so a prefix's head is evicted
+        last. A block nobody holds becomes evictable if indexed, else free (its content wiped)."""
+        table = np.asarray(table, dtype=np.int64)
+        self.ref_count[table] -= 1
+        dead = table[::-1][self.ref_count[table[::-1]] == 0].tolist()
+        if self.cache is None:
+            self.free_queue.extend(dead)
+            return
+        for block in dead:
+            if self.cache.is_indexed(block):
+                self.evictable[block] = None
+            else:
+                self.cache.forget(block)
+                self.free_queue.append(block)
+
+    def problems(self) -> list:
+        """Broken parts of the `conservation` invariant for the GPU pool."""
+        homes = np.zeros(self.num_blocks, dtype=np.int64)
+        np.add.at(homes, np.fromiter(self.free_queue, np.int64, len(self.free_queue)), 1)
+        np.add.at(homes, np.fromiter(self.evictable, np.int64, len(self.evictable)), 1)
+        homes += self.ref_count > 0
+        problems = [f"gpu block {b} is in {homes[b]} of free/evictable/live"
+                    for b in np.flatnonzero(homes != 1).tolist()]
+        if self.cache is not None:
+            problems += [f"evictable block {b} is not in the prefix index"
+                         for b in self.evictable if not self.cache.is_indexed(b)]
+        return problems
