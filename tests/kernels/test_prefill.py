@@ -99,3 +99,12 @@ def test_hypothesis_prefill(c, dt):
                      group=c["group"], head_dim=c["head_dim"], dtype=dt, device=device, pool_factor=4,
                      generator=torch.Generator().manual_seed(c["seed"]))
     run_prefill(case, dt, causal=c["causal"], sliding_window=c["window"], softcap=c["softcap"])
+
+
+@pytest.mark.parametrize("softcap", [None, 4.0])
+def test_rows_masked_in_early_key_tiles(softcap, device, gen):
+    """With a narrow window and a tall row tile, the last rows see nothing in the first key tiles
+    and their keys only later: the online softmax must not turn those fully masked tiles into NaN."""
+    case = make_case([150, 9], q_lens=[150, 9], block_size=16, num_kv_heads=1, group=1, device=device,
+                     generator=gen)
+    run_prefill(case, torch.float32, sliding_window=5, softcap=softcap, _tile_rows=128)
