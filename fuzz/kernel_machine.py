@@ -1,0 +1,389 @@
+"""The production allocator and the kernels on one real KV cache: a Hypothesis state machine.
+
+Each example builds a `BlockManager` and a real cache (`PagedCache`: K and V [N, B, Hkv, D] plus a
+CPU swap pool, NaN wherever no valid token is held) and runs a program of adds (with shared
+prefixes, so prefix-cache hits happen), appends, forks, frees, preemptions (recompute and swap),
+resumes and batched steps. After every operation it does what an engine does: the copies the
+manager queued (`take_copies`: swap out, swap in, then copy-on-write through `copy_blocks`), NaN
+into every block that went back to the free queue, and `write_kv` of fresh K/V for the tokens the
+operation computed at the manager's `slot_mapping` (for a prefix-cache hit only the uncached ones).
+
+K/V of a position is a function of its token prefix (`kernel_corpus.kv_values`), so cached blocks
+legitimately hold the same K/V as a recomputation would. The test keeps every sequence's tokens
+itself; after each operation, for every running sequence (decode) and every sequence just added
+or resumed (prefill), the cache read through the manager's `block_tables` must equal the K/V of
+that history bit for bit, and `paged_decode` / `paged_prefill` must match dense attention over it.
+A wrong table, a dropped copy, a stale or unwritten slot, or a kernel bug all fail here.
+
+Every checked batch can be recorded as a `kernel_corpus` case (`generate_cases`), and the case of a
+shrunk failure is appended to the failure corpus named by PAGEDKV_KERNEL_FAILURES.
+"""
+
+import os
+import random
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from hypothesis import event, seed as hypothesis_seed, strategies as st
+from hypothesis.control import current_build_context
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
+
+from pagedkv.impl.block_manager import BlockManager
+from pagedkv.kernels import copy_blocks, gather_kv, write_kv
+from pagedkv.spec import PagedKVError
+
+from .kernel_corpus import FAILURES_ENV, Heads, check_attention, kv_values, make_case, prefix_keys, queries, save_failures
+from .profiles import EFFORT, Effort, settings_for
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+#: The smallest GQA shape worth having: one KV head shared by a group of 3 (not a power of two).
+HEADS = Heads(num_kv_heads=1, group=3, head_dim=16)
+#: Each kernel launch costs tens of milliseconds per program under the interpreter: fewer, shorter runs.
+KERNEL_EFFORT = {"ci": Effort(max_examples=6, stateful_step_count=20),
+                 "dev": Effort(max_examples=40, stateful_step_count=30),
+                 "deep": Effort(max_examples=400, stateful_step_count=60)}
+PATHS = ("cache_hit", "cow", "swap", "recompute", "resume", "step_preempt")
+SHARED_PREFIXES = ((), (1, 2, 3, 4, 5, 6, 7, 8), (1, 2, 3, 4, 9, 9, 9, 9), (5, 5, 5, 5, 5, 5))
+tokens_st = st.integers(min_value=0, max_value=9)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How large the drawn pools, blocks and prompts get."""
+
+    max_blocks: int = 24
+    max_block_size: int = 8
+    max_prompt: int = 6   # tokens after the shared prefix
+
+    def configs(self):
+        return st.fixed_dictionaries({
+            "num_blocks": st.integers(4, self.max_blocks),
+            "block_size": st.integers(1, self.max_block_size),
+            "num_cpu_blocks": st.integers(0, self.max_blocks // 2),
+            "prefix_caching": st.booleans(),
+            "kv_seed": st.integers(0, 2 ** 32 - 1),
+        })
+
+    def prompts(self):
+        return st.builds(lambda prefix, suffix: list(prefix) + suffix, st.sampled_from(SHARED_PREFIXES),
+                         st.lists(tokens_st, max_size=self.max_prompt)).filter(bool)
+
+
+class PagedCache:
+    """A real KV cache and its CPU swap pool, NaN where nothing is held, with a shadow `keys` of the
+    content key each slot holds (-1: none) so that a batch can be written down as a case."""
+
+    def __init__(self, num_blocks: int, block_size: int, num_cpu_blocks: int, heads: Heads, kv_seed: int):
+        shape = (block_size, heads.num_kv_heads, heads.head_dim)
+        self.k = torch.full((num_blocks, *shape), float("nan"), device=DEVICE)
+        self.v = self.k.clone()
+        self.cpu_k = torch.full((num_cpu_blocks, *shape), float("nan"))
+        self.cpu_v = self.cpu_k.clone()
+        self.keys = np.full((num_blocks, block_size), -1, dtype=np.int64)
+        self.cpu_keys = np.full((num_cpu_blocks, block_size), -1, dtype=np.int64)
+        self.block_size, self.heads, self.kv_seed = block_size, heads, kv_seed
+
+    def write(self, slots: torch.Tensor, keys: list) -> None:
+        k, v = kv_values(self.kv_seed, keys, self.heads)
+        write_kv(k.to(DEVICE), v.to(DEVICE), self.k, self.v, slots)
+        where = slots.cpu().numpy()
+        self.keys[where // self.block_size, where % self.block_size] = keys
+
+    def perform(self, copies) -> None:
+        """The manager's queued copies, in the order `Copies` prescribes."""
+        for src, dst in copies.swap_out.cpu().tolist():
+            self.cpu_k[dst], self.cpu_v[dst], self.cpu_keys[dst] = self.k[src].cpu(), self.v[src].cpu(), self.keys[src]
+        for src, dst in copies.swap_in.cpu().tolist():
+            self.k[dst], self.v[dst], self.keys[dst] = self.cpu_k[src].to(DEVICE), self.cpu_v[src].to(DEVICE), self.cpu_keys[src]
+        if len(copies.cow):
+            copy_blocks(self.k, self.v, copies.cow.to(DEVICE))
+            src, dst = copies.cow.cpu().numpy().T
+            self.keys[dst] = self.keys[src]
+
+    def poison(self, blocks: list, cpu_blocks: list) -> None:
+        self.k[blocks] = self.v[blocks] = float("nan")
+        self.cpu_k[cpu_blocks] = self.cpu_v[cpu_blocks] = float("nan")
+        self.keys[blocks] = -1
+        self.cpu_keys[cpu_blocks] = -1
+
+    def contents(self, blocks) -> dict:
+        """Block -> the content key of each slot (None: nothing written), for a case."""
+        return {b: [None if key < 0 else int(key) for key in self.keys[b]] for b in blocks}
+
+
+def free_blocks(bm) -> tuple[list, list]:
+    """GPU blocks back in the never-cached free queue (evictable ones keep their content for cache
+    hits) and free CPU blocks. BlockManager has no public query for the first: its pool is read."""
+    held_cpu = {b for s in bm.seq_ids() for b in bm.cpu_block_table(s)}
+    return list(bm.pool.free_queue), [b for b in range(bm.num_cpu_blocks) if b not in held_cpu]
+
+
+class KernelMachine(RuleBasedStateMachine):
+    """`manager_factory`, `limits`, `heads`, `run_kernels`, `record` (a callable taking each checked
+    batch's case, or None), `tally` and `failures` are set per run by subclassing."""
+
+    manager_factory = BlockManager
+    limits = Limits()
+    heads = HEADS
+    run_kernels = True
+    record = None
+    tally: Counter = Counter()
+    failures: list = []
+
+    @initialize(data=st.data())
+    def setup(self, data):
+        config = data.draw(self.limits.configs(), label="config")
+        self.kv_seed = config.pop("kv_seed")
+        self.bm = self.manager_factory(**config, device=DEVICE)
+        self.cache = PagedCache(config["num_blocks"], config["block_size"], config["num_cpu_blocks"],
+                                self.heads, self.kv_seed)
+        self.tokens = {}    # seq id -> its tokens as this test gave them (never read from the manager)
+        self.prefill = {}   # seq id -> positions computed or restored since the last check
+        self.changed = False
+        self.next_id = 0
+        self.checks = 0
+        self.tally["examples"] += 1
+
+    # -------------------------------------------------------------- engine side of an operation
+
+    def attempt(self, operation, *args):
+        """Run one manager operation and, if it succeeds, the copies and NaN fill it calls for."""
+        self.tally["steps"] += 1
+        try:
+            result = getattr(self.bm, operation)(*args)
+        except PagedKVError as error:
+            event(f"{operation} -> {type(error).__name__}")
+            return False, error
+        self.cache.perform(self.bm.take_copies())
+        self.cache.poison(*free_blocks(self.bm))
+        self.changed = True
+        return True, result
+
+    def compute(self, seq_ids: list, counts: list) -> None:
+        """Write K/V for the last `counts[i]` tokens of each sequence where the manager puts them."""
+        keys = [key for s, n in zip(seq_ids, counts) for key in prefix_keys(self.tokens[s])[len(self.tokens[s]) - n:]]
+        if keys:
+            self.cache.write(self.bm.slot_mapping(seq_ids, counts), keys)
+
+    def note(self, path: str, taken) -> None:
+        if taken:
+            self.tally[path] += 1
+            event(f"path: {path}")
+
+    def running(self) -> list:
+        return [s for s in self.tokens if self.bm.status(s) == "running"]
+
+    def paused(self) -> list:
+        return [s for s in self.tokens if self.bm.status(s) != "running"]
+
+    # -------------------------------------------------------------- operations
+
+    @rule(data=st.data())
+    def add(self, data):
+        prompt = data.draw(self.limits.prompts(), label="prompt")
+        self.next_id += 1
+        ok, cached = self.attempt("add", self.next_id, prompt)
+        if ok:
+            self.tokens[self.next_id] = prompt
+            self.compute([self.next_id], [len(prompt) - cached])
+            self.prefill[self.next_id] = len(prompt) - cached
+            self.note("cache_hit", cached)
+
+    @precondition(lambda self: self.running())
+    @rule(data=st.data(), token=tokens_st)
+    def append(self, data, token):
+        self.append_to(data.draw(st.sampled_from(self.running()), label="seq"), token)
+
+    def append_to(self, seq_id, token):
+        ok, copies = self.attempt("append", seq_id, token)
+        if ok:
+            self.tokens[seq_id].append(token)
+            self.compute([seq_id], [1])
+            self.note("cow", copies)
+
+    @precondition(lambda self: self.running())
+    @rule(data=st.data(), diverge=st.none() | st.tuples(tokens_st, tokens_st))
+    def fork(self, data, diverge):
+        """Fork a running sequence; with `diverge`, parent and child each decode a token at once
+        (sampling in parallel: a shared partial tail is copied on write)."""
+        parent = data.draw(st.sampled_from(self.running()), label="parent")
+        self.next_id += 1
+        ok, _ = self.attempt("fork", parent, self.next_id)
+        if ok:
+            self.tokens[self.next_id] = list(self.tokens[parent])
+            if diverge:
+                self.append_to(parent, diverge[0])
+                self.append_to(self.next_id, diverge[1])
+
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def free(self, data):
+        seq_id = data.draw(st.sampled_from(sorted(self.tokens)), label="seq")
+        ok, _ = self.attempt("free", seq_id)
+        if ok:
+            del self.tokens[seq_id]
+            self.prefill.pop(seq_id, None)
+
+    @precondition(lambda self: self.running())
+    @rule(data=st.data(), mode=st.sampled_from(["recompute", "swap"]))
+    def preempt(self, data, mode):
+        ok, _ = self.attempt("preempt", data.draw(st.sampled_from(self.running()), label="seq"), mode)
+        self.note("swap" if mode == "swap" else "recompute", ok)
+
+    @precondition(lambda self: self.paused())
+    @rule(data=st.data())
+    def resume(self, data):
+        """Recompute: the uncached tokens are computed again. Swap: the blocks come back by copy,
+        and prefill over the whole sequence checks them."""
+        seq_id = data.draw(st.sampled_from(self.paused()), label="seq")
+        swapped = self.bm.status(seq_id) == "swapped"
+        ok, _ = self.attempt("resume", seq_id)
+        if ok:
+            computed = 0 if swapped else len(self.tokens[seq_id]) - self.bm.cached_tokens(seq_id)
+            self.compute([seq_id], [computed])
+            self.prefill[seq_id] = len(self.tokens[seq_id]) if swapped else computed
+            self.note("resume", True)
+
+    @precondition(lambda self: self.running())
+    @rule(data=st.data())
+    def step(self, data):
+        batch = data.draw(st.lists(st.sampled_from(self.running()), min_size=1, unique=True), label="batch")
+        tokens = {seq_id: data.draw(tokens_st, label="token") for seq_id in batch}
+        ok, result = self.attempt("step", tokens)
+        assert ok, f"step must not fail on running sequences: {result!r}"
+        for seq_id in result.appended:
+            self.tokens[seq_id].append(tokens[seq_id])
+        self.compute(result.appended, [1] * len(result.appended))
+        self.note("step_preempt", result.preempted)
+        self.note("cow", result.copies)
+
+    # -------------------------------------------------------------- checks
+
+    @invariant()
+    def every_sequence_reads_its_own_kv(self):
+        if not self.changed:
+            return
+        self.changed = False
+        running = self.running()
+        prefill = {s: n for s, n in self.prefill.items() if s in running and n}
+        self.prefill = {}
+        if running:
+            self.check_batch("decode", dict.fromkeys(running, 1))
+        if prefill:
+            self.check_batch("prefill", prefill)
+
+    def check_batch(self, kernel: str, num_queries: dict) -> None:
+        """Read back through the tables, then (if `run_kernels`) run the kernel; record the case."""
+        seq_ids = list(num_queries)
+        tables, lens = self.bm.block_tables(seq_ids), self.bm.seq_lens(seq_ids)
+        histories = [tuple(t.to(DEVICE) for t in kv_values(self.kv_seed, prefix_keys(self.tokens[s]), self.heads))
+                     for s in seq_ids]
+        self.checks += 1
+        query_seed = hash((self.kv_seed, self.checks))
+        problem = self.read_back_problem(seq_ids, tables, lens, histories)
+        if problem is None and self.run_kernels:
+            q = queries(query_seed, sum(num_queries.values()), self.heads).to(DEVICE)
+            ok, detail = check_attention(kernel, q, self.cache.k, self.cache.v, tables, lens,
+                                         list(num_queries.values()), histories)
+            problem = None if ok else detail
+            self.tally[f"{kernel}_checks"] += 1
+        case = self.case(kernel, num_queries, tables, query_seed)
+        if self.record:
+            self.record(case)
+        if problem is not None:
+            if current_build_context().is_final:
+                self.failures.append(case)
+            raise AssertionError(f"{kernel} batch {seq_ids}: {problem}")
+
+    def read_back_problem(self, seq_ids, tables, lens, histories):
+        """What the cache gives back through the tables, compared exactly with each history."""
+        for seq_id, table, length, (k, v) in zip(seq_ids, tables.cpu(), lens.tolist(), histories):
+            if length != len(self.tokens[seq_id]):
+                return f"sequence {seq_id} has length {length} in the manager, {len(self.tokens[seq_id])} here"
+            used = table[:-(-length // self.bm.block_size)]
+            if len(used) * self.bm.block_size < length or ((used < 0) | (used >= self.bm.num_blocks)).any():
+                return f"sequence {seq_id} of length {length} has block table {table.tolist()}"
+            got_k, got_v = gather_kv(self.cache.k, self.cache.v, used.to(DEVICE), length)
+            if not (torch.equal(got_k, k) and torch.equal(got_v, v)):
+                bad = ((got_k != k) | (got_v != v)).flatten(1).any(1).nonzero().flatten().tolist()
+                return f"sequence {seq_id} reads wrong K/V at positions {bad} through table {used.tolist()}"
+        return None
+
+    def case(self, kernel, num_queries: dict, tables, query_seed: int) -> dict:
+        rows = [[b for b in row if b >= 0] for row in tables.cpu().tolist()]
+        blocks = {b for row in rows for b in row if b < self.bm.num_blocks}
+        seqs = [{"tokens": list(self.tokens[s]), "table": row, "queries": n}
+                for (s, n), row in zip(num_queries.items(), rows)]
+        return make_case(kernel=kernel, block_size=self.bm.block_size, num_blocks=self.bm.num_blocks,
+                         heads=self.heads, kv_seed=self.kv_seed, query_seed=query_seed, seqs=seqs,
+                         blocks=self.cache.contents(blocks))
+
+    def teardown(self):
+        if not hasattr(self, "bm"):
+            return
+        for seq_id in list(self.tokens):
+            self.bm.free(seq_id)
+        assert self.bm.num_free_blocks() == self.bm.num_blocks, "blocks leaked after freeing everything"
+
+
+# ------------------------------------------------------------------ runs
+
+def run_kernel_machine(profile: str, *, failures_path=None, seed=None, settings=None, **attributes) -> Counter:
+    """Run the machine under `profile` (scaled down by KERNEL_EFFORT) or explicit `settings`, with
+    class `attributes` overridden. The cases of shrunk failures are appended to `failures_path`
+    (default: $PAGEDKV_KERNEL_FAILURES) before the failure propagates. Returns the tally."""
+    tally, failures = Counter(), []
+    machine = type("KernelMachineRun", (KernelMachine,), {"tally": tally, "failures": failures, **attributes})
+    if seed is not None:
+        machine = hypothesis_seed(seed)(machine)
+    effort = KERNEL_EFFORT[profile]
+    settings = settings or settings_for(profile, max_examples=effort.max_examples,
+                                        stateful_step_count=effort.stateful_step_count)
+    failures_path = failures_path or os.environ.get(FAILURES_ENV)
+    try:
+        run_state_machine_as_test(machine, settings=settings)
+    finally:
+        if failures and failures_path:
+            save_failures(failures_path, failures)
+    return tally
+
+
+def run_kernel_state_check(profile: str) -> dict:
+    """The `pagedkv check` entry: the machine passes and reaches every path."""
+    try:
+        tally = run_kernel_machine(profile)
+    except Exception as error:  # the machine's failure, already shrunk and saved
+        return {"name": "kernel-state", "covered": "-", "passed": False,
+                "detail": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"}
+    missed = [path for path in PATHS if not tally[path]]
+    paths = ", ".join(f"{path}={tally[path]}" for path in PATHS)
+    return {
+        "name": "kernel-state",
+        "covered": (f"{tally['examples']} examples, {tally['steps']} steps, {tally['decode_checks']} decode + "
+                    f"{tally['prefill_checks']} prefill kernel checks ({paths})"),
+        "passed": not missed,
+        "detail": f"paths never reached: {', '.join(missed)}" if missed else "",
+    }
+
+
+def generate_cases(count: int, *, seed: int, limits: Limits = Limits(), heads: Heads = HEADS,
+                   run_kernels: bool = False, failures_path=None) -> list:
+    """`count` cases sampled uniformly (seeded) from every batch the machine checks in a run seeded
+    by `seed`, long enough to see about four times that many batches."""
+    rng, seen, cases = random.Random(seed), [0], []
+
+    def record(case):
+        seen[0] += 1
+        if len(cases) < count:
+            cases.append(case)
+        elif (slot := rng.randrange(seen[0])) < count:
+            cases[slot] = case
+
+    steps = EFFORT["dev"].stateful_step_count
+    settings = settings_for("dev", max_examples=max(2, -(-4 * count // steps)), stateful_step_count=steps,
+                            database=None)
+    run_kernel_machine("dev", failures_path=failures_path, seed=seed, settings=settings, limits=limits,
+                       heads=heads, run_kernels=run_kernels, record=staticmethod(record))
+    return cases
