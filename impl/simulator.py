@@ -1,0 +1,288 @@
+"""Replay a request trace against a KV allocator in simulated time, and measure what paging buys.
+
+Two backends share one replay loop:
+- `paged`: the real `Scheduler` over the real `BlockManager` (continuous batching, watermark
+  admission, preemption by recompute or swap, optional prefix caching, parallel samples by fork);
+- `contiguous`: the baseline of `pagedkv.impl.contiguous`, each request reserving `max_seq_len` slots
+  per sample in one range, first fit, admitted first come first served (it never preempts: its
+  reservation already holds the whole sequence).
+
+Requests become token ids so that prefix caching really hits: the first `prefix_len` tokens of a
+request in prefix group g are the group's own (the same ids for every request of g), every other token
+is unique to its request. Parallel samples (num_samples > 1) share the prompt's prefill.
+
+Cost model (simulated seconds; `CostModel`, printed with every report). One engine step costs
+
+    step_overhead_s + prefill_token_s * prompt tokens computed (incl. recomputation after preemption)
+                    + decode_seq_s * sequences decoded + swap bytes / swap_bytes_per_s
+
+Defaults: 4 ms per step, 50 us per prompt token (20,000 tokens/s, the seed's recompute rate), 0.2 ms
+per decoded sequence, 25 GiB/s host link (the seed's swap bandwidth). Every sequence that ran in a
+step gets its token at the step's end; TTFT = first token - arrival, inter-token latency = the gaps
+between one sequence's tokens (a preempted sequence's stall shows there).
+
+Measures, sampled at every step once its batch is placed (before finished sequences free):
+utilization = useful KV slots (slots holding a token's K/V, a shared block counted once) / reserved
+slots (paged: slots of blocks held by live sequences; contiguous: reserved ranges); it is averaged
+weighted by step duration. Tail waste = reserved - useful slots, in MiB at the model's bytes per token.
+For paged it is bounded by the partly filled tail blocks, so utilization >= 1 - (B-1) * sequences /
+reserved at every step (`tail_bound`).
+"""
+import json
+import math
+from collections import defaultdict, deque
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from .contiguous import ContiguousAllocator
+from .planner import MiB
+from .trace import Request
+
+ALLOCATORS = ("contiguous", "paged")
+_UNIQUE_BASE = 1 << 32          # unique token ids start here; group prefixes live below
+
+
+@dataclass(frozen=True)
+class CostModel:
+    step_overhead_s: float = 0.004
+    prefill_token_s: float = 1 / 20000
+    decode_seq_s: float = 0.0002
+    swap_bytes_per_s: float = 25 * 2**30
+
+    def step_seconds(self, prefill_tokens: int, decode_seqs: int, swap_bytes: int) -> float:
+        return (self.step_overhead_s + self.prefill_token_s * prefill_tokens
+                + self.decode_seq_s * decode_seqs + swap_bytes / self.swap_bytes_per_s)
+
+    def describe(self) -> str:
+        return (f"step = {self.step_overhead_s * 1e3:g} ms + {self.prefill_token_s * 1e6:g} us x prompt tokens"
+                f" + {self.decode_seq_s * 1e3:g} ms x decoded sequences"
+                f" + swap bytes / {self.swap_bytes_per_s / 2**30:g} GiB/s")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    allocator: str
+    block_size: int
+    num_blocks: int                  # paged pool; the contiguous pool has num_blocks * block_size slots
+    bytes_per_token: int
+    max_seq_len: int = 2048
+    prefix_caching: bool = False
+    num_cpu_blocks: int = 0          # swap space (paged)
+    max_num_seqs: int = 256
+    max_batched_tokens: int = 4096   # prompt tokens per step
+    cost: CostModel = CostModel()
+
+    def __post_init__(self):
+        if self.allocator not in ALLOCATORS:
+            raise ValueError(f"allocator must be one of {ALLOCATORS}, got {self.allocator!r}")
+        if min(self.block_size, self.num_blocks, self.bytes_per_token, self.max_seq_len) < 1:
+            raise ValueError("block_size, num_blocks, bytes_per_token and max_seq_len must be >= 1")
+
+    @property
+    def capacity_slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+
+def prompt_tokens(request_id: int, request: Request) -> list:
+    """Token ids: the group's shared prefix, then ids no other request uses."""
+    shared = request.prefix_len if request.prefix_group is not None else 0
+    prefix = [request.prefix_group * 65536 + i for i in range(shared)]
+    unique = (request_id + 1) * _UNIQUE_BASE
+    return prefix + list(range(unique + shared, unique + request.prompt_len))
+
+
+def output_token(request_id: int, sample: int, index: int) -> int:
+    """A generated token: unique per sample, so samples never look alike to the prefix cache."""
+    return (request_id + 1) * _UNIQUE_BASE + (1 << 24) * (sample + 1) + index
+
+
+# ------------------------------------------------------------------------- one step's outcome
+
+@dataclass
+class Occupancy:
+    useful: int       # slots holding K/V
+    reserved: int     # slots set aside for live sequences
+    sequences: int    # live sequences holding KV
+    table_lens: list = field(default_factory=list)   # blocks per sequence (paged)
+
+
+@dataclass
+class StepOutcome:
+    prefill_tokens: int = 0
+    decode_seqs: int = 0
+    swap_blocks: int = 0
+    emitted: list = field(default_factory=list)     # (request_id, sample): one token each
+    occupancy: Occupancy = None
+
+    @property
+    def progressed(self) -> bool:
+        return bool(self.prefill_tokens or self.decode_seqs or self.swap_blocks)
+
+
+# ------------------------------------------------------------------------- contiguous backend
+
+class ContiguousBackend:
+    """First come first served over a first-fit contiguous pool; a request's samples share one range
+    (each sample still stores its own copy of the prompt: nothing can be shared in place)."""
+
+    def __init__(self, cfg: SimConfig):
+        self.cfg = cfg
+        self.alloc = ContiguousAllocator(cfg.capacity_slots)
+        self.waiting: deque = deque()     # (request_id, request)
+        self.running: dict = {}           # request_id -> (request, tokens generated per sample)
+        self.delayed: set = set()
+        self.counters = dict(oom_events=0, fragmented_oom=0, rejected=0)
+
+    def submit(self, request_id: int, request: Request) -> None:
+        self.waiting.append((request_id, request))
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def step(self) -> StepOutcome:
+        out = StepOutcome()
+        decoding = list(self.running)
+        for request_id in decoding:
+            self.alloc.grow(request_id, self.running[request_id][0].num_samples)   # the token fed now
+        out.decode_seqs = sum(self.running[r][0].num_samples for r in decoding)
+        admitted = self._admit(out.decode_seqs)
+        out.prefill_tokens = sum(self.running[r][0].prompt_len for r in admitted)
+        out.occupancy = Occupancy(self.alloc.used_slots, self.alloc.reserved_slots,
+                                  sum(self.running[r][0].num_samples for r in self.running))
+        for request_id in decoding + admitted:
+            request, generated = self.running[request_id]
+            out.emitted += [(request_id, s) for s in range(request.num_samples)]
+            self.running[request_id] = (request, generated + 1)
+            if generated + 1 == request.output_len:
+                del self.running[request_id]
+                self.alloc.free(request_id)
+        return out
+
+    def _admit(self, running_seqs: int) -> list:
+        admitted, budget = [], self.cfg.max_batched_tokens
+        while self.waiting:
+            request_id, request = self.waiting[0]
+            n = request.num_samples
+            if running_seqs + n > self.cfg.max_num_seqs or (admitted and request.prompt_len > budget):
+                break
+            reserve = n * self.cfg.max_seq_len
+            if reserve > self.cfg.capacity_slots:     # could never fit: refuse it for good
+                self.waiting.popleft()
+                self.counters["rejected"] += 1
+                continue
+            if not self.alloc.admit(request_id, reserve, n * request.prompt_len):
+                self.counters["oom_events"] += 1
+                self.counters["fragmented_oom"] += self.alloc.free_slots >= reserve
+                self.delayed.add(request_id)
+                break
+            self.waiting.popleft()
+            self.running[request_id] = (request, 0)
+            admitted.append(request_id)
+            running_seqs += n
+            budget -= request.prompt_len
+        return admitted
+
+    def summary(self) -> dict:
+        return {**self.counters, "admissions_delayed": len(self.delayed), "preempt_recompute": 0,
+                "preempt_swap": 0, "prefix_hit_rate": 0.0}
+
+
+# ------------------------------------------------------------------------- the replay loop
+
+class SimulationStuck(RuntimeError):
+    """Work remains but a step made no progress and no arrival can change that."""
+
+
+@dataclass
+class SimResult:
+    config: SimConfig
+    timeline: dict          # per-step columns: time, dt, useful, reserved, sequences, waiting
+    ttft: list              # seconds, per request
+    itl: list               # seconds, every gap between a sequence's tokens
+    counters: dict
+    table_lens: list        # blocks per sequence, over all steps (paged)
+
+    def summary(self) -> dict:
+        t = {k: np.asarray(v, dtype=float) for k, v in self.timeline.items()}
+        dt, useful, reserved = t["dt"], t["useful"], t["reserved"]
+        busy = reserved > 0
+        weights = dt[busy]
+        util_steps = useful[busy] / reserved[busy]
+        waste = (reserved - useful) * self.config.bytes_per_token / MiB
+        seqs = t["sequences"]
+        bound = 1 - (self.config.block_size - 1) * seqs[busy] / reserved[busy]
+        return {
+            "allocator": self.config.allocator,
+            "block_size": self.config.block_size,
+            "pool_blocks": self.config.num_blocks,
+            "pool_mib": self.config.capacity_slots * self.config.bytes_per_token / MiB,
+            "prefix_caching": self.config.prefix_caching,
+            "requests": len(self.ttft),
+            "simulated_s": float(t["time"][-1] + dt[-1]) if len(dt) else 0.0,
+            "steps": int(len(dt)),
+            "utilization_mean": _ratio((useful * dt).sum(), (reserved * dt).sum()),
+            "utilization_min": float(util_steps.min()) if busy.any() else 0.0,
+            "tail_bound_mean": float(np.average(bound, weights=weights)) if busy.any() else 0.0,
+            "waste_mib_mean": _ratio((waste * dt).sum(), dt.sum()),
+            "waste_mib_peak": float(waste.max(initial=0)),
+            "pool_occupancy_mean": _ratio((reserved * dt).sum(), dt.sum() * self.config.capacity_slots),
+            "concurrency_peak": int(seqs.max(initial=0)),
+            "concurrency_mean": _ratio((seqs * dt).sum(), dt.sum()),
+            "block_table_len_mean": float(np.mean(self.table_lens)) if self.table_lens else 0.0,
+            "block_table_len_max": int(max(self.table_lens, default=0)),
+            "ttft_p50_s": _pct(self.ttft, 50), "ttft_p99_s": _pct(self.ttft, 99),
+            "itl_p50_s": _pct(self.itl, 50), "itl_p99_s": _pct(self.itl, 99),
+            **self.counters,
+        }
+
+
+def simulate(requests: list, cfg: SimConfig) -> SimResult:
+    backend = make_backend(cfg)
+    arrivals = deque(enumerate(requests))
+    columns = defaultdict(list)
+    emitted_at = defaultdict(list)    # (request_id, sample) -> token times
+    table_lens, clock = [], 0.0
+    while arrivals or backend.has_work():
+        while arrivals and arrivals[0][1].arrival <= clock:
+            backend.submit(*arrivals.popleft())
+        if not backend.has_work():
+            clock = arrivals[0][1].arrival
+            continue
+        out = backend.step()
+        if not out.progressed:
+            if not arrivals:
+                raise SimulationStuck(f"no step can run at t={clock:.3f}s: {backend.summary()}")
+            clock = arrivals[0][1].arrival
+            continue
+        dt = cfg.cost.step_seconds(out.prefill_tokens, out.decode_seqs,
+                                   out.swap_blocks * cfg.block_size * cfg.bytes_per_token)
+        occ = out.occupancy
+        for name, value in (("time", clock), ("dt", dt), ("useful", occ.useful), ("reserved", occ.reserved),
+                            ("sequences", occ.sequences), ("waiting", len(backend.waiting))):
+            columns[name].append(value)
+        table_lens += occ.table_lens
+        clock += dt
+        for key in out.emitted:
+            emitted_at[key].append(clock)
+    first = {}
+    for (request_id, _), times in emitted_at.items():
+        first[request_id] = min(first.get(request_id, math.inf), times[0])
+    ttft = [first[i] - requests[i].arrival for i in sorted(first)]
+    itl = [b - a for times in emitted_at.values() for a, b in zip(times, times[1:])]
+    return SimResult(cfg, dict(columns), ttft, itl, backend.summary(), table_lens)
+
+
+def make_backend(cfg: SimConfig):
+    if cfg.allocator == "contiguous":
+        return ContiguousBackend(cfg)
+    from .sim_paged import PagedBackend
+    return PagedBackend(cfg)
+
+
+def _ratio(a, b) -> float:
+    return float(a / b) if b else 0.0
+
+
+def _pct(values, q) -> float:
+    return float(np.percentile(values, q)) if len(values) else 0.0
