@@ -12,6 +12,7 @@ import click
 #: "covered" (what it exercised), "passed" and "detail".
 CHECKS = [
     ("spec-stateful", "pagedkv.fuzz.spec_machine:run_spec_check"),
+    ("kernel-state", "pagedkv.fuzz.kernel_machine:run_kernel_state_check"),
 ]
 
 

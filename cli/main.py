@@ -17,6 +17,8 @@ def _register():
     from pagedkv.cli import plan, trace
     main.add_command(plan.plan)
     main.add_command(trace.trace)
+    from pagedkv.cli import gen_kernel_tests
+    main.add_command(gen_kernel_tests.gen_kernel_tests)
 
 
 _register()

@@ -1,0 +1,62 @@
+"""`pagedkv gen-kernel-tests`: kernel cases from real allocation histories, and a pytest module that
+replays them on the device at hand."""
+
+import pathlib
+
+import click
+
+DTYPE_NAMES = ("float32", "float16", "bfloat16")
+
+
+def _heads(text: str):
+    from pagedkv.fuzz.kernel_corpus import Heads
+
+    try:
+        num_kv_heads, group, head_dim = (int(part) for part in text.split(","))
+    except ValueError:
+        raise click.BadParameter("give num_kv_heads,group,head_dim, e.g. 1,3,16") from None
+    return Heads(num_kv_heads, group, head_dim)
+
+
+@click.command("gen-kernel-tests")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Folder to write into.")
+@click.option("--count", default=50, show_default=True, type=click.IntRange(1), help="Cases to keep.")
+@click.option("--seed", default=0, show_default=True, help="Seeds the state machine run and the sampling.")
+@click.option("--max-blocks", default=24, show_default=True, type=click.IntRange(4), help="Largest GPU pool drawn.")
+@click.option("--max-block-size", default=8, show_default=True, type=click.IntRange(1), help="Largest block size drawn.")
+@click.option("--max-prompt", default=6, show_default=True, type=click.IntRange(0),
+              help="Most prompt tokens after the shared prefix.")
+@click.option("--heads", default="1,3,16", show_default=True, help="num_kv_heads,group,head_dim.")
+@click.option("--dtype", "dtypes", multiple=True, default=("float32",), show_default=True,
+              type=click.Choice(DTYPE_NAMES), help="Replay in this dtype (repeatable); bfloat16 replays on CUDA only.")
+@click.option("--check-kernels/--no-check-kernels", default=False, show_default=True,
+              help="Also run the kernels while generating (slow under the interpreter).")
+@click.option("--save-failures", type=click.Path(dir_okay=False), envvar="PAGEDKV_KERNEL_FAILURES",
+              help="Failure corpus: shrunk failures are appended to it, and its cases are replayed too "
+                   "[env: PAGEDKV_KERNEL_FAILURES].")
+def gen_kernel_tests(out_dir, count, seed, max_blocks, max_block_size, max_prompt, heads, dtypes, check_kernels,
+                     save_failures):
+    """Run the kernel state machine, keep COUNT of the batches it checked as cases (corpus.jsonl),
+    and write test_kernel_replay.py, which replays every *.jsonl case file in OUT."""
+    from pagedkv.fuzz.kernel_corpus import read_corpus, write_corpus, write_replay_module
+    from pagedkv.fuzz.kernel_machine import Limits, generate_cases
+
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    limits = Limits(max_blocks=max_blocks, max_block_size=max_block_size, max_prompt=max_prompt)
+    failure = None
+    try:
+        cases = generate_cases(count, seed=seed, limits=limits, heads=_heads(heads), run_kernels=check_kernels,
+                               failures_path=save_failures)
+    except AssertionError as error:
+        cases, failure = [], error
+    if cases:
+        write_corpus(out / "corpus.jsonl", cases, dtypes=dtypes, seed=seed, limits=vars(limits))
+    if save_failures and pathlib.Path(save_failures).exists():
+        _, failures = read_corpus(save_failures)
+        write_corpus(out / "failures.jsonl", failures, dtypes=dtypes, source=str(save_failures))
+    module = write_replay_module(out)
+    click.echo(f"{len(cases)} cases -> {out / 'corpus.jsonl'}; replay: python -m pytest {module}")
+    if failure is not None:
+        where = f"; saved to {save_failures}" if save_failures else " (pass --save-failures to keep it)"
+        raise click.ClickException(f"the kernel state machine failed{where}:\n{failure}")
