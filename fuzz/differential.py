@@ -1,0 +1,306 @@
+"""Differential check: the production `BlockManager` against the spec `KVSpec`, step by step.
+
+One Hypothesis state machine applies every operation to both and, after each, compares every
+observable: the error type (and OutOfBlocks' needed/available), return values (cached-token counts,
+copy lists), and for every sequence its length, tokens (which the manager reads back through its
+block table, so they stand in for the spec's `read`), status, cached tokens, GPU and CPU block
+tables; then free/evictable/active/CPU-free counts and ref counts. Block ids are compared up to one
+renaming, a bijection spec id <-> impl id grown as ids appear and never allowed to conflict over the
+whole run. A failed operation must leave the manager's observables as they were.
+
+Batched operations (`append_batch`, `block_tables`, `slot_mapping`) are compared with the same
+operations done one at a time on the spec; `step` with the spec's `step`. Pools are tiny so
+exhaustion, eviction, copy-on-write, swap and cache hits happen every few steps.
+"""
+
+import copy
+import time
+from collections import Counter
+
+from hypothesis import HealthCheck, event, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, \
+    run_state_machine_as_test
+
+from pagedkv.impl.block_manager import BlockManager
+from pagedkv.impl.hashing import slot_of
+from pagedkv.spec import RUNNING, KVSpec, OutOfBlocks, PagedKVError
+
+#: (max_examples, stateful_step_count) per profile; "ci" stays well under a minute on 2 cores.
+EFFORT = {"ci": (120, 50), "dev": (400, 60), "deep": (4000, 120)}
+
+SHARED_PREFIXES = ((), (1, 2, 3, 4, 5, 6), (1, 2, 3, 4, 7, 7), (5, 5, 5, 5))
+tokens_st = st.integers(0, 7)
+prompts = st.builds(lambda prefix, suffix: list(prefix) + suffix,
+                    st.sampled_from(SHARED_PREFIXES), st.lists(tokens_st, max_size=5)).filter(bool)
+seq_ids_st = st.integers(0, 6)
+configs = st.fixed_dictionaries({
+    "num_blocks": st.integers(1, 12),
+    "block_size": st.integers(1, 5),
+    "num_cpu_blocks": st.integers(0, 6),
+    "prefix_caching": st.sampled_from([True, True, False]),
+})
+
+
+class Renaming:
+    """A bijection between two implementations' block ids, extended as new ids appear."""
+
+    def __init__(self, kind: str):
+        self.kind, self.forward, self.backward = kind, {}, {}
+
+    def match(self, spec_id: int, impl_id: int) -> None:
+        known = self.forward.setdefault(spec_id, impl_id)
+        assert known == impl_id, f"{self.kind} block {spec_id} was impl {known}, now {impl_id}"
+        back = self.backward.setdefault(impl_id, spec_id)
+        assert back == spec_id, f"impl {self.kind} block {impl_id} was spec {back}, now {spec_id}"
+
+    def match_lists(self, spec_ids, impl_ids) -> None:
+        assert len(spec_ids) == len(impl_ids), f"{self.kind} lists differ: {spec_ids} vs {impl_ids}"
+        for s, i in zip(spec_ids, impl_ids):
+            self.match(s, i)
+
+
+class DifferentialMachine(RuleBasedStateMachine):
+    tally: Counter = Counter()
+    hash_algo = "xxhash"   # a test may swap in a colliding chain hash (spec side patched alike)
+
+    @initialize(config=configs)
+    def setup(self, config):
+        self.spec, self.impl = KVSpec(**config), BlockManager(**config, hash_algo=self.hash_algo,
+                                                              max_seqs=2, max_blocks_per_seq=1)
+        self.gpu, self.cpu = Renaming("gpu"), Renaming("cpu")
+        self.next_id = 6   # fresh ids start above the small ids `wrong_ids` uses
+        self.tally["examples"] += 1
+        self.note(f"prefix_caching={config['prefix_caching']}")
+
+    # -------------------------------------------------------------- driving both
+
+    def note(self, path: str) -> None:
+        """An interesting path: a Hypothesis event, and counted for the report."""
+        event(path)
+        self.tally[path] += 1
+
+    def both(self, operation, *args):
+        """Apply one operation to both; errors must agree and leave the manager untouched."""
+        self.tally["steps"] += 1
+        evictions = self.impl.pool.evictions
+        before = self.observables()
+        outcomes = []
+        for subject in (self.spec, self.impl):
+            try:
+                outcomes.append((None, getattr(subject, operation)(*args)))
+            except PagedKVError as error:
+                outcomes.append((error, None))
+        (spec_error, spec_result), (impl_error, impl_result) = outcomes
+        assert type(spec_error) is type(impl_error), f"{operation}{args}: spec {spec_error!r}, impl {impl_error!r}"
+        if isinstance(spec_error, OutOfBlocks):
+            assert (spec_error.needed, spec_error.available, spec_error.pool) == \
+                   (impl_error.needed, impl_error.available, impl_error.pool), f"{spec_error} vs {impl_error}"
+            self.note(f"out_of_blocks ({spec_error.pool})")
+        if spec_error is not None:
+            assert self.observables() == before, f"failed {operation}{args} changed the manager"
+            self.note(f"error {type(spec_error).__name__}")
+        if self.impl.pool.evictions > evictions:
+            self.note("eviction")
+        return spec_error is None, spec_result, impl_result
+
+    def running(self) -> list:
+        return [s for s in self.spec.seq_ids() if self.spec.status(s) == "running"]
+
+    def match_copies(self, spec_copies, impl_copies, src: Renaming, dst: Renaming) -> None:
+        assert len(spec_copies) == len(impl_copies), f"copies {spec_copies} vs {impl_copies}"
+        for (s_src, s_dst), (i_src, i_dst) in zip(spec_copies, impl_copies):
+            src.match(s_src, i_src)
+            dst.match(s_dst, i_dst)
+
+    # -------------------------------------------------------------- rules
+
+    def pick(self, data, wanted=lambda status: True) -> int:
+        """An existing sequence whose status is wanted (the rule's precondition says there is
+        one); the `wrong_ids` rule covers unknown and duplicate ids on purpose."""
+        return data.draw(st.sampled_from(self.ids(wanted)), label="seq_id")
+
+    def ids(self, wanted=lambda status: True) -> list:
+        return [s for s in self.spec.seq_ids() if wanted(self.spec.status(s))]
+
+    def fresh(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    @rule(data=st.data(), tokens=prompts)
+    def add(self, data, tokens):
+        ok, spec_cached, impl_cached = self.both("add", self.fresh(), tokens)
+        if ok:
+            assert spec_cached == impl_cached, f"cached tokens {spec_cached} vs {impl_cached}"
+            if spec_cached:
+                self.note("cache_hit")
+
+    @precondition(lambda self: self.ids(RUNNING.__eq__))
+    @rule(data=st.data(), token=tokens_st)
+    def append(self, data, token):
+        ok, spec_copies, impl_copies = self.both("append", self.pick(data, RUNNING.__eq__), token)
+        if ok:
+            self.match_copies(spec_copies, impl_copies, self.gpu, self.gpu)
+            if spec_copies:
+                self.note("cow")
+
+    @precondition(lambda self: self.ids(RUNNING.__eq__))
+    @rule(data=st.data())
+    def fork(self, data):
+        self.both("fork", self.pick(data, RUNNING.__eq__), self.fresh())
+
+    @precondition(lambda self: self.ids())
+    @rule(data=st.data())
+    def free(self, data):
+        self.both("free", self.pick(data))
+
+    @precondition(lambda self: self.ids(RUNNING.__eq__))
+    @rule(data=st.data(), mode=st.sampled_from(["recompute", "swap"]))
+    def preempt(self, data, mode):
+        ok, spec_copies, impl_copies = self.both("preempt", self.pick(data, RUNNING.__eq__), mode)
+        if ok:
+            self.match_copies(spec_copies, impl_copies, self.gpu, self.cpu)
+            self.note(f"preempt {mode}")
+
+    @precondition(lambda self: self.ids(RUNNING.__eq__))
+    @rule(data=st.data())
+    def swap_out(self, data):
+        ok, spec_copies, impl_copies = self.both("swap_out", self.pick(data, RUNNING.__eq__))
+        if ok:
+            self.match_copies(spec_copies, impl_copies, self.gpu, self.cpu)
+
+    @precondition(lambda self: self.ids(RUNNING.__ne__))
+    @rule(data=st.data(), swap_only=st.booleans())
+    def resume(self, data, swap_only):
+        ok, spec_copies, impl_copies = self.both("swap_in" if swap_only else "resume", self.pick(data, RUNNING.__ne__))
+        if ok:
+            self.match_copies(spec_copies, impl_copies, self.cpu, self.gpu)
+            self.note("resume swapped" if spec_copies else "resume waiting")
+
+    @rule(data=st.data())
+    def step(self, data):
+        tokens = data.draw(st.dictionaries(st.sampled_from(self.running() or [99]), tokens_st))
+        ok, spec_result, impl_result = self.both("step", tokens)
+        if ok:
+            assert spec_result.appended == impl_result.appended, f"{spec_result} vs {impl_result}"
+            assert spec_result.preempted == impl_result.preempted, f"{spec_result} vs {impl_result}"
+            self.match_copies(spec_result.copies, impl_result.copies, self.gpu, self.gpu)
+            if spec_result.preempted:
+                self.note("step preempted")
+
+    @precondition(lambda self: self.ids(RUNNING.__eq__))
+    @rule(data=st.data())
+    def append_batch(self, data):
+        """The manager's batch against the spec's one-at-a-time appends in the same order."""
+        seq_ids = data.draw(st.permutations(self.running()))
+        seq_ids = seq_ids[:data.draw(st.integers(1, len(seq_ids)))]
+        tokens = data.draw(st.lists(tokens_st, min_size=len(seq_ids), max_size=len(seq_ids)))
+        self.tally["steps"] += 1
+        trial = copy.deepcopy(self.spec)
+        try:
+            spec_copies = [c for s, t in zip(seq_ids, tokens) for c in trial.append(s, t)]
+        except OutOfBlocks:
+            spec_copies = None
+        before = self.observables()
+        try:
+            impl_copies = self.impl.append_batch(seq_ids, tokens)
+        except OutOfBlocks:
+            assert spec_copies is None, "batch refused although one-at-a-time appends fit"
+            assert self.observables() == before, "a refused batch changed the manager"
+            self.note("batch refused")
+            return
+        assert spec_copies is not None, "batch accepted although one-at-a-time appends run out"
+        self.spec = trial
+        self.match_copies(spec_copies, impl_copies, self.gpu, self.gpu)
+        self.note(f"batch of {min(len(seq_ids), 3)}{'+' if len(seq_ids) > 3 else ''}")
+
+    @rule(data=st.data(), operation=st.sampled_from(["add", "append", "fork", "free", "preempt",
+                                                       "resume", "swap_in", "swap_out"]))
+    def wrong_ids(self, data, operation):
+        """Unknown or duplicate ids: any small id, existing or not."""
+        seq_id = data.draw(seq_ids_st, label="seq_id")
+        args = {"add": (seq_id, [1]), "append": (seq_id, 1), "fork": (seq_id, self.fresh())}
+        self.both(operation, *args.get(operation, (seq_id,)))
+
+    @rule(seq_id=seq_ids_st, bad=st.sampled_from([("append", -1), ("append", True), ("append", 1.5),
+                                                   ("add", []), ("add", [3, -1]), ("add", "ab"),
+                                                   ("preempt", "swapp"), ("preempt", None),
+                                                   ("refcount", -1), ("refcount", 99), ("refcount", 1.0)]))
+    def bad_argument(self, seq_id, bad):
+        operation, argument = bad
+        self.both(operation, *((argument,) if operation == "refcount" else (seq_id, argument)))
+
+    # -------------------------------------------------------------- comparing
+
+    def observables(self) -> dict:
+        """Everything the manager shows from outside (block ids as they are)."""
+        m = self.impl
+        return {
+            "seqs": {s: (m.length(s), m.tokens(s), m.status(s), m.cached_tokens(s), m.block_table(s),
+                         m.cpu_block_table(s)) for s in m.seq_ids()},
+            "counts": (m.num_free_blocks(), m.num_evictable_blocks(), m.num_active_blocks(),
+                       m.num_free_cpu_blocks()),
+            "refcounts": [m.refcount(b) for b in range(m.num_blocks)],
+        }
+
+    @invariant()
+    def same_observables(self):
+        if not hasattr(self, "spec"):
+            return
+        spec, impl = self.spec, self.impl
+        assert spec.seq_ids() == impl.seq_ids()
+        for s in spec.seq_ids():
+            assert (spec.length(s), spec.tokens(s), spec.status(s), spec.cached_tokens(s)) == \
+                   (impl.length(s), impl.tokens(s), impl.status(s), impl.cached_tokens(s)), f"sequence {s}"
+            self.gpu.match_lists(spec.block_table(s), impl.block_table(s))
+            self.cpu.match_lists(spec.cpu_block_table(s), impl.cpu_block_table(s))
+        for name in ("num_free_blocks", "num_evictable_blocks", "num_active_blocks", "num_free_cpu_blocks"):
+            assert getattr(spec, name)() == getattr(impl, name)(), name
+        spec_refs = [spec.refcount(b) for b in range(spec.num_blocks)]
+        assert sorted(spec_refs) == sorted(impl.refcount(b) for b in range(impl.num_blocks))
+        for block, refs in enumerate(spec_refs):
+            if block in self.gpu.forward:
+                assert impl.refcount(self.gpu.forward[block]) == refs, f"ref count of block {block}"
+        impl.check()
+
+    @invariant()
+    def batched_queries_agree(self):
+        """`block_tables` and `slot_mapping` for all running sequences equal the per-sequence
+        tables and slots."""
+        if not hasattr(self, "spec") or not self.running():
+            return
+        running = self.running()
+        tables = self.impl.block_tables(running).tolist()
+        slots = self.impl.slot_mapping(running).tolist()
+        B = self.impl.block_size
+        for s, row, slot in zip(running, tables, slots):
+            table = self.impl.block_table(s)
+            assert row[:len(table)] == table and set(row[len(table):]) <= {-1}, f"table row of {s}"
+            assert slot == slot_of(table, self.impl.length(s) - 1, B), f"slot of {s}"
+        prefill = self.impl.slot_mapping(running, [self.impl.length(s) for s in running]).tolist()
+        assert prefill == [slot_of(self.impl.block_table(s), p, B) for s in running
+                           for p in range(self.impl.length(s))]
+
+
+def settings_for_profile(profile: str) -> settings:
+    if profile not in EFFORT:
+        raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(EFFORT)}")
+    max_examples, steps = EFFORT[profile]
+    return settings(max_examples=max_examples, stateful_step_count=steps, deadline=None,
+                    derandomize=profile == "ci", database=None, print_blob=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+
+def run_differential_check(profile: str) -> dict:
+    """Run the differential machine under a profile; a dict for `pagedkv check`'s report."""
+    chosen = settings_for_profile(profile)
+    DifferentialMachine.tally = Counter()
+    started = time.monotonic()
+    try:
+        run_state_machine_as_test(DifferentialMachine, settings=chosen)
+        passed, detail = True, "BlockManager matches KVSpec on every observable"
+    except Exception as failure:  # noqa: BLE001 -- any failure is a finding to report
+        passed, detail = False, f"divergence: {type(failure).__name__}: {failure}"
+    tally = DifferentialMachine.tally
+    paths = ", ".join(f"{path} {n}" for path, n in sorted(tally.items()) if path not in ("examples", "steps"))
+    return {"name": "differential", "covered": f"{tally['examples']} examples / {tally['steps']} steps",
+            "passed": passed, "detail": f"{detail} ({time.monotonic() - started:.1f}s); paths: {paths}"}
