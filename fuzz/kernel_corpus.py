@@ -17,8 +17,9 @@ every other line is a case:
      "blocks": [[block, [content key or null for each of the B slots]]]}
 
 A sequence's length is its number of tokens and its queries are its last ``queries`` positions
-(decode: exactly 1). ``replay_case`` rebuilds the cache (NaN where a slot held nothing), runs the
-kernel on the device at hand and compares with dense attention over each sequence's own K/V.
+(decode: exactly 1). ``replay_case`` rebuilds the cache (NaN where a slot held nothing), checks that
+each sequence reads back its own K/V through its table (decode attention is blind to a permutation of
+whole blocks), runs the kernel on the device at hand and compares with dense attention over it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from pagedkv.kernels import dense_attention, paged_decode, paged_prefill, write_kv
+from pagedkv.kernels import dense_attention, gather_kv, paged_decode, paged_prefill, write_kv
 from pagedkv.kernels.testing import compare
 
 FORMAT = 1
@@ -83,7 +84,22 @@ def queries(query_seed: int, num_tokens: int, heads: Heads) -> torch.Tensor:
     return torch.randn(num_tokens, heads.num_q_heads, heads.head_dim, generator=generator)
 
 
-# ------------------------------------------------------------------ the comparison
+# ------------------------------------------------------------------ the comparisons
+
+def read_back_problem(k_cache, v_cache, block_tables, seq_lens, histories) -> str | None:
+    """What each sequence reads through its table, compared bit for bit with its own (K, V)
+    history; None if all agree. Decode attention cannot see a permutation of whole blocks, this can."""
+    num_blocks, block_size = k_cache.shape[:2]
+    for i, (table, length, (k, v)) in enumerate(zip(block_tables.cpu(), seq_lens.tolist(), histories)):
+        used = table[:-(-length // block_size)]
+        if len(used) * block_size < length or ((used < 0) | (used >= num_blocks)).any():
+            return f"sequence {i} of length {length} has block table {table.tolist()}"
+        got_k, got_v = gather_kv(k_cache, v_cache, used.to(k_cache.device), length)
+        if not (torch.equal(got_k, k) and torch.equal(got_v, v)):
+            bad = ((got_k != k) | (got_v != v)).flatten(1).any(1).nonzero().flatten().tolist()
+            return f"sequence {i} reads wrong K/V at positions {bad} through table {used.tolist()}"
+    return None
+
 
 def check_attention(kernel: str, q, k_cache, v_cache, block_tables, seq_lens, num_queries: list[int],
                     histories: list) -> tuple[bool, str]:
@@ -154,7 +170,11 @@ def replay_case(case: dict, device, dtype: torch.dtype) -> tuple[bool, str]:
     histories = [tuple(t.to(dtype=dtype, device=device) for t in kv_values(case["kv_seed"], prefix_keys(s["tokens"]), heads))
                  for s in seqs]
     lens = torch.tensor([len(s["tokens"]) for s in seqs], dtype=torch.int32, device=device)
-    return check_attention(case["kernel"], q, k_cache, v_cache, tables.to(device), lens, num_queries, histories)
+    tables = tables.to(device)
+    problem = read_back_problem(k_cache, v_cache, tables, lens, histories)
+    if problem is not None:
+        return False, problem
+    return check_attention(case["kernel"], q, k_cache, v_cache, tables, lens, num_queries, histories)
 
 
 # ------------------------------------------------------------------ files

@@ -31,10 +31,11 @@ from hypothesis.control import current_build_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
 from pagedkv.impl.block_manager import BlockManager
-from pagedkv.kernels import copy_blocks, gather_kv, write_kv
+from pagedkv.kernels import copy_blocks, write_kv
 from pagedkv.spec import PagedKVError
 
-from .kernel_corpus import FAILURES_ENV, Heads, check_attention, kv_values, make_case, prefix_keys, queries, save_failures
+from .kernel_corpus import (FAILURES_ENV, Heads, check_attention, kv_values, make_case, prefix_keys, queries,
+                            read_back_problem, save_failures)
 from .profiles import EFFORT, Effort, settings_for
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -282,7 +283,8 @@ class KernelMachine(RuleBasedStateMachine):
                      for s in seq_ids]
         self.checks += 1
         query_seed = hash((self.kv_seed, self.checks))
-        problem = self.read_back_problem(seq_ids, tables, lens, histories)
+        problem = self.length_problem(seq_ids, lens) or read_back_problem(self.cache.k, self.cache.v, tables, lens,
+                                                                           histories)
         if problem is None and self.run_kernels:
             q = queries(query_seed, sum(num_queries.values()), self.heads).to(DEVICE)
             ok, detail = check_attention(kernel, q, self.cache.k, self.cache.v, tables, lens,
@@ -297,23 +299,15 @@ class KernelMachine(RuleBasedStateMachine):
                 self.failures.append(case)
             raise AssertionError(f"{kernel} batch {seq_ids}: {problem}")
 
-    def read_back_problem(self, seq_ids, tables, lens, histories):
-        """What the cache gives back through the tables, compared exactly with each history."""
-        for seq_id, table, length, (k, v) in zip(seq_ids, tables.cpu(), lens.tolist(), histories):
+    def length_problem(self, seq_ids, lens):
+        for seq_id, length in zip(seq_ids, lens.tolist()):
             if length != len(self.tokens[seq_id]):
                 return f"sequence {seq_id} has length {length} in the manager, {len(self.tokens[seq_id])} here"
-            used = table[:-(-length // self.bm.block_size)]
-            if len(used) * self.bm.block_size < length or ((used < 0) | (used >= self.bm.num_blocks)).any():
-                return f"sequence {seq_id} of length {length} has block table {table.tolist()}"
-            got_k, got_v = gather_kv(self.cache.k, self.cache.v, used.to(DEVICE), length)
-            if not (torch.equal(got_k, k) and torch.equal(got_v, v)):
-                bad = ((got_k != k) | (got_v != v)).flatten(1).any(1).nonzero().flatten().tolist()
-                return f"sequence {seq_id} reads wrong K/V at positions {bad} through table {used.tolist()}"
         return None
 
     def case(self, kernel, num_queries: dict, tables, query_seed: int) -> dict:
-        rows = [[b for b in row if b >= 0] for row in tables.cpu().tolist()]
-        blocks = {b for row in rows for b in row if b < self.bm.num_blocks}
+        rows = [_trim_padding(row) for row in tables.cpu().tolist()]
+        blocks = {b for row in rows for b in row if 0 <= b < self.bm.num_blocks}
         seqs = [{"tokens": list(self.tokens[s]), "table": row, "queries": n}
                 for (s, n), row in zip(num_queries.items(), rows)]
         return make_case(kernel=kernel, block_size=self.bm.block_size, num_blocks=self.bm.num_blocks,
@@ -326,6 +320,13 @@ class KernelMachine(RuleBasedStateMachine):
         for seq_id in list(self.tokens):
             self.bm.free(seq_id)
         assert self.bm.num_free_blocks() == self.bm.num_blocks, "blocks leaked after freeing everything"
+
+
+def _trim_padding(row: list) -> list:
+    """A table row without its trailing -1 padding (a -1 inside the row is kept: it is a bug to show)."""
+    while row and row[-1] < 0:
+        row = row[:-1]
+    return row
 
 
 # ------------------------------------------------------------------ runs
