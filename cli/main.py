@@ -19,6 +19,8 @@ def _register():
     main.add_command(trace.trace)
     from pagedkv.cli import gen_kernel_tests
     main.add_command(gen_kernel_tests.gen_kernel_tests)
+    from pagedkv.cli import simulate
+    main.add_command(simulate.simulate)
 
 
 _register()

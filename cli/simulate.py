@@ -29,7 +29,6 @@ def _sizes(text: str) -> list:
               help="Longest sequence; what the contiguous baseline reserves per sample.")
 @click.option("--swap-gib", type=float, default=0.0, show_default=True, help="Host swap space (paged).")
 @click.option("--max-num-seqs", type=int, default=256, show_default=True)
-@click.option("--max-batched-tokens", type=int, default=4096, show_default=True, help="Prompt tokens per step.")
 @click.option("--step-ms", type=float, default=4.0, show_default=True, help="Cost model: fixed cost per step.")
 @click.option("--prefill-us", type=float, default=50.0, show_default=True, help="Cost model: per prompt token.")
 @click.option("--decode-ms", type=float, default=0.2, show_default=True, help="Cost model: per decoded sequence.")
@@ -39,7 +38,7 @@ def _sizes(text: str) -> list:
 @click.option("--out", type=click.Path(file_okay=False), help="Write JSON/CSV summaries, timelines and PNG plots here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summaries as JSON.")
 def simulate(trace_file, allocator, prefix_caching, block_size, pool_blocks, pool_gib, layers, kv_heads, head_dim,
-             dtype, max_seq_len, swap_gib, max_num_seqs, max_batched_tokens, step_ms, prefill_us, decode_ms,
+             dtype, max_seq_len, swap_gib, max_num_seqs, step_ms, prefill_us, decode_ms,
              swap_gibps, sweep, out, as_json):
     """Replay TRACE_FILE (see `pagedkv trace`) and report KV utilization, waste, concurrency, preemptions,
     prefix hits and simulated TTFT / inter-token latency."""
@@ -60,7 +59,7 @@ def simulate(trace_file, allocator, prefix_caching, block_size, pool_blocks, poo
         def config(kind, size):
             block_bytes = size * per_token
             return sim.SimConfig(kind, size, pool_bytes // block_bytes, per_token, max_seq_len, prefix_caching,
-                                 swap_bytes // block_bytes, max_num_seqs, max_batched_tokens, cost)
+                                 swap_bytes // block_bytes, max_num_seqs, cost)
 
         kinds = sim.ALLOCATORS if allocator == "both" else (allocator,)
         results = [sim.simulate(requests, config(kind, block_size)) for kind in kinds]
@@ -101,7 +100,7 @@ def _cell(summary: dict, key, fmt: str) -> str:
     if fmt == "ms":
         return " / ".join(f"{summary[k] * 1e3:.1f}" for k in key)
     values = [summary[k] for k in key] if isinstance(key, tuple) else [summary[key]]
-    return fmt.format(*values)
+    return "-" if None in values else fmt.format(*values)
 
 
 def _print_table(results, cost: str, sweep_rows) -> None:

@@ -35,12 +35,16 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .block_manager import BlockManager
 from .contiguous import ContiguousAllocator
+from .hashing import blocks_needed
 from .planner import MiB
+from .scheduler import Scheduler, SchedulerConfig
 from .trace import Request
 
 ALLOCATORS = ("contiguous", "paged")
 _UNIQUE_BASE = 1 << 32          # unique token ids start here; group prefixes live below
+TIMELINE = ("time", "dt", "useful", "reserved", "sequences", "waiting", "table_blocks", "table_max")
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,6 @@ class SimConfig:
     prefix_caching: bool = False
     num_cpu_blocks: int = 0          # swap space (paged)
     max_num_seqs: int = 256
-    max_batched_tokens: int = 4096   # prompt tokens per step
     cost: CostModel = CostModel()
 
     def __post_init__(self):
@@ -101,10 +104,11 @@ def output_token(request_id: int, sample: int, index: int) -> int:
 
 @dataclass
 class Occupancy:
-    useful: int       # slots holding K/V
-    reserved: int     # slots set aside for live sequences
-    sequences: int    # live sequences holding KV
-    table_lens: list = field(default_factory=list)   # blocks per sequence (paged)
+    useful: int           # slots holding K/V
+    reserved: int         # slots set aside for live sequences
+    sequences: int        # live sequences holding KV
+    table_blocks: int = 0 # blocks in their tables, summed (paged)
+    table_max: int = 0
 
 
 @dataclass
@@ -120,21 +124,49 @@ class StepOutcome:
         return bool(self.prefill_tokens or self.decode_seqs or self.swap_blocks)
 
 
+class _Backend:
+    """What both backends count the same way: an out-of-memory event is a step in which KV memory
+    refused the next admission or forced a preemption; every request waiting at such a step has its
+    admission delayed."""
+
+    def __init__(self, cfg: SimConfig):
+        self.cfg = cfg
+        self.rejected = 0
+        self.oom_events = 0
+        self.delayed: set = set()
+
+    def submit(self, request_id: int, request: Request) -> None:
+        """Queue a request, or reject it for good: longer than max_seq_len, or too big for the pool
+        even alone (it would wait, or be preempted and resumed, forever)."""
+        if request.prompt_len + request.output_len > self.cfg.max_seq_len or not self._fits_alone(request):
+            self.rejected += 1
+        else:
+            self._enqueue(request_id, request)
+
+    def _memory_refused(self, waiting_ids) -> None:
+        self.oom_events += 1
+        self.delayed.update(waiting_ids)
+
+    def summary(self) -> dict:
+        return {"rejected": self.rejected, "oom_events": self.oom_events, "admissions_delayed": len(self.delayed)}
+
+
 # ------------------------------------------------------------------------- contiguous backend
 
-class ContiguousBackend:
+class ContiguousBackend(_Backend):
     """First come first served over a first-fit contiguous pool; a request's samples share one range
     (each sample still stores its own copy of the prompt: nothing can be shared in place)."""
 
     def __init__(self, cfg: SimConfig):
-        self.cfg = cfg
+        super().__init__(cfg)
         self.alloc = ContiguousAllocator(cfg.capacity_slots)
         self.waiting: deque = deque()     # (request_id, request)
         self.running: dict = {}           # request_id -> (request, tokens generated per sample)
-        self.delayed: set = set()
-        self.counters = dict(oom_events=0, fragmented_oom=0, rejected=0)
 
-    def submit(self, request_id: int, request: Request) -> None:
+    def _fits_alone(self, request: Request) -> bool:
+        return request.num_samples * self.cfg.max_seq_len <= self.cfg.capacity_slots
+
+    def _enqueue(self, request_id: int, request: Request) -> None:
         self.waiting.append((request_id, request))
 
     def has_work(self) -> bool:
@@ -160,32 +192,112 @@ class ContiguousBackend:
         return out
 
     def _admit(self, running_seqs: int) -> list:
-        admitted, budget = [], self.cfg.max_batched_tokens
+        admitted = []
         while self.waiting:
             request_id, request = self.waiting[0]
             n = request.num_samples
-            if running_seqs + n > self.cfg.max_num_seqs or (admitted and request.prompt_len > budget):
+            if running_seqs + n > self.cfg.max_num_seqs:
                 break
-            reserve = n * self.cfg.max_seq_len
-            if reserve > self.cfg.capacity_slots:     # could never fit: refuse it for good
-                self.waiting.popleft()
-                self.counters["rejected"] += 1
-                continue
-            if not self.alloc.admit(request_id, reserve, n * request.prompt_len):
-                self.counters["oom_events"] += 1
-                self.counters["fragmented_oom"] += self.alloc.free_slots >= reserve
-                self.delayed.add(request_id)
+            if not self.alloc.admit(request_id, n * self.cfg.max_seq_len, n * request.prompt_len):
+                self._memory_refused(r for r, _ in self.waiting)
                 break
             self.waiting.popleft()
             self.running[request_id] = (request, 0)
             admitted.append(request_id)
             running_seqs += n
-            budget -= request.prompt_len
         return admitted
 
     def summary(self) -> dict:
-        return {**self.counters, "admissions_delayed": len(self.delayed), "preempt_recompute": 0,
-                "preempt_swap": 0, "prefix_hit_rate": 0.0}
+        return {**super().summary(), "fragmented_oom": self.alloc.fragmented_refusals,
+                "preempt_recompute": 0, "preempt_swap": 0, "prefix_hit_rate": 0.0, "cow_copies": 0}
+
+
+# ------------------------------------------------------------------------- paged backend
+
+class PagedBackend(_Backend):
+    """The real Scheduler over the real BlockManager; the forward pass is only timed, and every
+    sampled token is a fresh id (`output_token`)."""
+
+    def __init__(self, cfg: SimConfig):
+        super().__init__(cfg)
+        self.bm = BlockManager(cfg.num_blocks, cfg.block_size, num_cpu_blocks=cfg.num_cpu_blocks,
+                               prefix_caching=cfg.prefix_caching)
+        self.scheduler = Scheduler(self.bm, SchedulerConfig(
+            max_num_seqs=cfg.max_num_seqs, prefill_tokens_per_s=1 / cfg.cost.prefill_token_s,
+            swap_bytes_per_s=cfg.cost.swap_bytes_per_s, kv_bytes_per_token=cfg.bytes_per_token))
+        self.sample_of: dict = {}         # seq id -> (request_id, sample)
+        self.generated: dict = {}         # seq id -> tokens sampled
+
+    @property
+    def waiting(self):
+        return self.scheduler.waiting
+
+    def _fits_alone(self, request: Request) -> bool:
+        usable = self.cfg.num_blocks - self.scheduler.watermark_blocks
+        return blocks_needed(request.prompt_len + request.output_len, self.cfg.block_size) <= usable
+
+    def _enqueue(self, request_id: int, request: Request) -> None:
+        seq_ids = self.scheduler.add_request(request_id, prompt_tokens(request_id, request),
+                                             request.output_len, n=request.num_samples)
+        for sample, seq_id in enumerate(seq_ids):
+            self.sample_of[seq_id], self.generated[seq_id] = (request_id, sample), 0
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> StepOutcome:
+        sched = self.scheduler
+        out = sched.schedule()
+        if out.preempted or out.swapped_out or self._admission_refused():
+            self._memory_refused(r.req_id for r in sched.waiting)
+        ran = [p.seq_id for p in out.prefills] + list(out.forked) + out.decodes
+        step = StepOutcome(prefill_tokens=sum(p.num_computed_tokens for p in out.prefills),
+                           decode_seqs=len(out.decodes),
+                           swap_blocks=len(out.copies.swap_out) + len(out.copies.swap_in),
+                           emitted=[self.sample_of[s] for s in ran], occupancy=self._occupancy())
+        tokens = {}
+        for seq_id in ran:
+            tokens[seq_id] = output_token(*self.sample_of[seq_id], self.generated[seq_id])
+            self.generated[seq_id] += 1
+        for seq_id in sched.update(tokens):
+            del self.sample_of[seq_id], self.generated[seq_id]
+        return step
+
+    def _admission_refused(self) -> bool:
+        """The queue head waits for blocks (not for a free sequence slot)."""
+        sched = self.scheduler
+        if sched.preempted:
+            seq_id, n = sched.preempted[0], 1
+            blocks = blocks_needed(self.bm.length(seq_id) + 1, self.cfg.block_size)
+        elif sched.waiting:
+            head = sched.waiting[0]
+            n, blocks = len(head.seq_ids), blocks_needed(len(head.prompt), self.cfg.block_size)
+        else:
+            return False
+        return sched._room_for(n) and not sched._fits(blocks)
+
+    def _occupancy(self) -> Occupancy:
+        """Useful slots count each physical block once, however many tables share it."""
+        seq_ids = list(self.scheduler.running)
+        if not seq_ids:
+            return Occupancy(0, 0, 0)
+        tables = self.bm.block_tables(seq_ids).numpy()
+        lens = self.bm.seq_lens(seq_ids).numpy().astype(np.int64)
+        B = self.cfg.block_size
+        held = tables >= 0
+        fill = np.clip(lens[:, None] - B * np.arange(tables.shape[1])[None, :], 0, B)
+        per_block = np.zeros(self.cfg.num_blocks, dtype=np.int64)
+        np.maximum.at(per_block, tables[held], fill[held])
+        blocks = np.unique(tables[held])
+        counts = held.sum(axis=1)
+        return Occupancy(int(per_block[blocks].sum()), len(blocks) * B, len(seq_ids),
+                         int(counts.sum()), int(counts.max()))
+
+    def summary(self) -> dict:
+        metrics = self.bm.metrics()
+        return {**super().summary(), "fragmented_oom": 0, "preempt_recompute": metrics["preempt_recompute"],
+                "preempt_swap": metrics["preempt_swap"], "prefix_hit_rate": metrics["prefix_hit_rate"],
+                "cow_copies": metrics["copies"]}
 
 
 # ------------------------------------------------------------------------- the replay loop
@@ -201,7 +313,6 @@ class SimResult:
     ttft: list              # seconds, per request
     itl: list               # seconds, every gap between a sequence's tokens
     counters: dict
-    table_lens: list        # blocks per sequence, over all steps (paged)
 
     def summary(self) -> dict:
         t = {k: np.asarray(v, dtype=float) for k, v in self.timeline.items()}
@@ -223,14 +334,15 @@ class SimResult:
             "steps": int(len(dt)),
             "utilization_mean": _ratio((useful * dt).sum(), (reserved * dt).sum()),
             "utilization_min": float(util_steps.min()) if busy.any() else 0.0,
-            "tail_bound_mean": float(np.average(bound, weights=weights)) if busy.any() else 0.0,
+            "tail_bound_mean": (float(np.average(bound, weights=weights)) if busy.any() else 0.0)
+            if self.config.allocator == "paged" else None,   # contiguous waste is not tail-bounded
             "waste_mib_mean": _ratio((waste * dt).sum(), dt.sum()),
             "waste_mib_peak": float(waste.max(initial=0)),
             "pool_occupancy_mean": _ratio((reserved * dt).sum(), dt.sum() * self.config.capacity_slots),
             "concurrency_peak": int(seqs.max(initial=0)),
             "concurrency_mean": _ratio((seqs * dt).sum(), dt.sum()),
-            "block_table_len_mean": float(np.mean(self.table_lens)) if self.table_lens else 0.0,
-            "block_table_len_max": int(max(self.table_lens, default=0)),
+            "block_table_len_mean": _ratio(t["table_blocks"].sum(), seqs.sum()),
+            "block_table_len_max": int(t["table_max"].max(initial=0)),
             "ttft_p50_s": _pct(self.ttft, 50), "ttft_p99_s": _pct(self.ttft, 99),
             "itl_p50_s": _pct(self.itl, 50), "itl_p99_s": _pct(self.itl, 99),
             **self.counters,
@@ -240,14 +352,14 @@ class SimResult:
 def simulate(requests: list, cfg: SimConfig) -> SimResult:
     backend = make_backend(cfg)
     arrivals = deque(enumerate(requests))
-    columns = defaultdict(list)
+    columns = {name: [] for name in TIMELINE}
     emitted_at = defaultdict(list)    # (request_id, sample) -> token times
-    table_lens, clock = [], 0.0
+    clock = 0.0
     while arrivals or backend.has_work():
         while arrivals and arrivals[0][1].arrival <= clock:
             backend.submit(*arrivals.popleft())
         if not backend.has_work():
-            clock = arrivals[0][1].arrival
+            clock = arrivals[0][1].arrival if arrivals else clock
             continue
         out = backend.step()
         if not out.progressed:
@@ -258,10 +370,9 @@ def simulate(requests: list, cfg: SimConfig) -> SimResult:
         dt = cfg.cost.step_seconds(out.prefill_tokens, out.decode_seqs,
                                    out.swap_blocks * cfg.block_size * cfg.bytes_per_token)
         occ = out.occupancy
-        for name, value in (("time", clock), ("dt", dt), ("useful", occ.useful), ("reserved", occ.reserved),
-                            ("sequences", occ.sequences), ("waiting", len(backend.waiting))):
+        for name, value in zip(TIMELINE, (clock, dt, occ.useful, occ.reserved, occ.sequences, len(backend.waiting),
+                                          occ.table_blocks, occ.table_max)):
             columns[name].append(value)
-        table_lens += occ.table_lens
         clock += dt
         for key in out.emitted:
             emitted_at[key].append(clock)
@@ -270,14 +381,11 @@ def simulate(requests: list, cfg: SimConfig) -> SimResult:
         first[request_id] = min(first.get(request_id, math.inf), times[0])
     ttft = [first[i] - requests[i].arrival for i in sorted(first)]
     itl = [b - a for times in emitted_at.values() for a, b in zip(times, times[1:])]
-    return SimResult(cfg, dict(columns), ttft, itl, backend.summary(), table_lens)
+    return SimResult(cfg, columns, ttft, itl, backend.summary())
 
 
 def make_backend(cfg: SimConfig):
-    if cfg.allocator == "contiguous":
-        return ContiguousBackend(cfg)
-    from .sim_paged import PagedBackend
-    return PagedBackend(cfg)
+    return (ContiguousBackend if cfg.allocator == "contiguous" else PagedBackend)(cfg)
 
 
 def _ratio(a, b) -> float:
