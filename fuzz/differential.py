@@ -23,6 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from pagedkv.impl.block_manager import BlockManager
 from pagedkv.impl.hashing import slot_of
+from pagedkv.impl.scheduler import Scheduler, SchedulerConfig
 from pagedkv.spec import RUNNING, KVSpec, OutOfBlocks, PagedKVError
 
 #: (max_examples, stateful_step_count) per profile; "ci" stays well under a minute on 2 cores.
@@ -59,8 +60,18 @@ class Renaming:
             self.match(s, i)
 
 
-class DifferentialMachine(RuleBasedStateMachine):
+class TalliedMachine(RuleBasedStateMachine):
+    """Counts examples, steps and interesting paths for the report (shared by both machines)."""
+
     tally: Counter = Counter()
+
+    def note(self, path: str) -> None:
+        """An interesting path: a Hypothesis event, and counted for the report."""
+        event(path)
+        self.tally[path] += 1
+
+
+class DifferentialMachine(TalliedMachine):
     hash_algo = "xxhash"   # a test may swap in a colliding chain hash (spec side patched alike)
 
     @initialize(config=configs)
@@ -73,11 +84,6 @@ class DifferentialMachine(RuleBasedStateMachine):
         self.note(f"prefix_caching={config['prefix_caching']}")
 
     # -------------------------------------------------------------- driving both
-
-    def note(self, path: str) -> None:
-        """An interesting path: a Hypothesis event, and counted for the report."""
-        event(path)
-        self.tally[path] += 1
 
     def both(self, operation, *args):
         """Apply one operation to both; errors must agree and leave the manager untouched."""
@@ -281,6 +287,60 @@ class DifferentialMachine(RuleBasedStateMachine):
                            for p in range(self.impl.length(s))]
 
 
+class SchedulerMachine(TalliedMachine):
+    """The Scheduler's steps replayed on the spec. With no CPU pool every preemption is by
+    recompute, so its decode phase must be exactly the spec's `step` (same victims, latest
+    admitted first, same appends) and each admission the spec's add / fork / resume + append."""
+
+    @initialize(config=configs.map(lambda c: {**c, "num_cpu_blocks": 0}),
+                watermark=st.sampled_from([0.0, 0.2]), max_num_seqs=st.integers(1, 6))
+    def setup(self, config, watermark, max_num_seqs):
+        self.spec, self.bm = KVSpec(**config), BlockManager(**config)
+        self.scheduler = Scheduler(self.bm, SchedulerConfig(max_num_seqs=max_num_seqs, watermark=watermark))
+        self.gpu = Renaming("gpu")
+        self.prompt_of = {}
+        self.tally["examples"] += 1
+
+    @rule(prompt=prompts, max_new_tokens=st.integers(1, 6), n=st.integers(1, 3))
+    def add_request(self, prompt, max_new_tokens, n):
+        for seq_id in self.scheduler.add_request(len(self.prompt_of), prompt, max_new_tokens, n):
+            self.prompt_of[seq_id] = prompt
+
+    @rule(data=st.data())
+    def step(self, data):
+        self.tally["steps"] += 1
+        pending = dict(self.scheduler.pending)
+        out = self.scheduler.schedule()
+        result = self.spec.step({s: pending[s] for s in self.spec.seq_ids()
+                                 if self.spec.status(s) == RUNNING})
+        assert out.preempted == result.preempted, f"victims {out.preempted} vs spec {result.preempted}"
+        assert out.decodes == result.appended, f"decodes {out.decodes} vs spec {result.appended}"
+        if out.preempted:
+            self.note("scheduler preempted")
+        for prefill in out.prefills:
+            seq_id = prefill.seq_id
+            if seq_id in self.spec.seqs:      # a recompute victim: re-prefill plus its pending token
+                self.spec.resume(seq_id)
+                self.spec.append(seq_id, pending[seq_id])
+                self.note("scheduler resumed")
+            else:
+                assert self.spec.add(seq_id, self.prompt_of[seq_id]) == prefill.num_cached_tokens
+            assert self.spec.cached_tokens(seq_id) == prefill.num_cached_tokens
+            for child in [c for c, parent in out.forked.items() if parent == seq_id]:
+                self.spec.fork(seq_id, child)
+        tables = out.block_tables.tolist()
+        for seq_id, row in zip(out.seq_ids, tables):
+            self.gpu.match_lists(self.spec.block_table(seq_id), row[:len(self.spec.block_table(seq_id))])
+        for seq_id in self.spec.seq_ids():
+            self.gpu.match_lists(self.spec.block_table(seq_id), self.bm.block_table(seq_id))
+        assert self.spec.num_free_blocks() == self.bm.num_free_blocks()
+        sampled = {s: data.draw(tokens_st, label="token") for s in out.seq_ids + list(out.forked)}
+        for seq_id in self.scheduler.update(sampled):
+            self.spec.free(seq_id)
+            self.note("scheduler finished")
+        self.bm.check()
+
+
 def settings_for_profile(profile: str) -> settings:
     if profile not in EFFORT:
         raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(EFFORT)}")
@@ -293,11 +353,12 @@ def settings_for_profile(profile: str) -> settings:
 def run_differential_check(profile: str) -> dict:
     """Run the differential machine under a profile; a dict for `pagedkv check`'s report."""
     chosen = settings_for_profile(profile)
-    DifferentialMachine.tally = Counter()
+    TalliedMachine.tally = Counter()
     started = time.monotonic()
     try:
         run_state_machine_as_test(DifferentialMachine, settings=chosen)
-        passed, detail = True, "BlockManager matches KVSpec on every observable"
+        run_state_machine_as_test(SchedulerMachine, settings=chosen)
+        passed, detail = True, "BlockManager and Scheduler match KVSpec on every observable"
     except Exception as failure:  # noqa: BLE001 -- any failure is a finding to report
         passed, detail = False, f"divergence: {type(failure).__name__}: {failure}"
     tally = DifferentialMachine.tally

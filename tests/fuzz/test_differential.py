@@ -4,7 +4,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 import pagedkv.spec.blocks as spec_blocks
 from pagedkv.fuzz import differential
-from pagedkv.fuzz.differential import DifferentialMachine, run_differential_check, settings_for_profile
+from pagedkv.fuzz.differential import DifferentialMachine, SchedulerMachine, run_differential_check, settings_for_profile
 
 
 def colliding_hash(parent_hash, block_tokens):
@@ -17,6 +17,10 @@ class CollidingMachine(DifferentialMachine):
 
 def test_differential_machine():
     run_state_machine_as_test(DifferentialMachine, settings=settings_for_profile("ci"))
+
+
+def test_scheduler_against_spec_step():
+    run_state_machine_as_test(SchedulerMachine, settings=settings_for_profile("ci"))
 
 
 def test_differential_under_forced_hash_collisions(monkeypatch):

@@ -1,0 +1,203 @@
+"""Continuous-batching scheduler over a `BlockManager`.
+
+Each `schedule()` call is one engine step:
+1. decode: every running sequence writes its last sampled token. While the blocks that takes exceed
+   the free ones, the most recently admitted running sequence is preempted, by recompute or swap,
+   whichever the cost model says is cheaper for that victim (swap only when the CPU pool has room).
+   The capacity is re-read after each preemption, so blocks the victim shares with other sequences
+   are never counted as freed. Only then are the tokens appended (tables published).
+2. if nothing was preempted: swap sequences back in, then admit waiting ones (preempted by
+   recompute first, then new requests, FIFO), each only while its blocks fit above the watermark.
+3. the output names what the engine runs and the tensors its kernels read.
+
+`update(outputs)` takes the sampled tokens, finishes sequences that reached `max_new_tokens` (or the
+request's `eos`) and keeps the others' tokens for the next step. Single-threaded by contract: one
+engine loop owns a scheduler (the block manager underneath is thread-safe on its own).
+"""
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from .block_manager import BlockManager, Copies
+from .hashing import blocks_needed
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    watermark: float = 0.01                # fraction of GPU blocks admission keeps free
+    prefill_tokens_per_s: float = 10_000.0   # recompute cost: tokens / rate
+    swap_bytes_per_s: float = 25e9         # link bandwidth; swap cost: 2 x KV bytes / bandwidth
+    kv_bytes_per_token: int = 131_072      # K and V of one token over all layers
+
+
+@dataclass
+class Prefill:
+    seq_id: int
+    num_cached_tokens: int     # served from the prefix cache
+    num_computed_tokens: int   # the rest, which this step's forward pass computes and writes
+
+
+@dataclass
+class SchedulerOutput:
+    prefills: list = field(default_factory=list)       # Prefill, in admission order
+    decodes: list = field(default_factory=list)        # seq ids writing one token
+    forked: dict = field(default_factory=dict)         # child -> parent: sample from the parent's logits
+    preempted: list = field(default_factory=list)      # by recompute, latest admitted first
+    swapped_out: list = field(default_factory=list)
+    swapped_in: list = field(default_factory=list)
+    copies: Optional[Copies] = None
+    block_tables: Optional[torch.Tensor] = None        # int32 [prefills + decodes, M]
+    seq_lens: Optional[torch.Tensor] = None
+    slot_mapping: Optional[torch.Tensor] = None        # int64, prefill tokens then decode tokens
+
+    @property
+    def seq_ids(self) -> list:
+        """The rows of the tensors: prefills, then decodes."""
+        return [p.seq_id for p in self.prefills] + self.decodes
+
+
+@dataclass
+class _Request:
+    req_id: object
+    prompt: list
+    max_new_tokens: int
+    seq_ids: list
+    eos: Optional[int]
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, config: SchedulerConfig = SchedulerConfig()):
+        self.bm, self.config = block_manager, config
+        self.waiting: deque = deque()     # requests not yet admitted, FIFO
+        self.preempted: deque = deque()   # seq ids preempted by recompute, earliest admitted first
+        self.swapped: deque = deque()     # seq ids swapped out, earliest admitted first
+        self.running: dict = {}           # seq ids in admission order; the last is preempted first
+        self.pending: dict = {}           # seq id -> sampled token not yet written
+        self.generated: dict = {}         # seq id -> tokens sampled so far
+        self.request_of: dict = {}        # seq id -> _Request
+        self.next_seq_id = 0
+        self.watermark_blocks = math.ceil(config.watermark * block_manager.num_blocks)
+
+    def add_request(self, req_id, prompt: list, max_new_tokens: int, n: int = 1, eos: Optional[int] = None) -> list:
+        """Queue a request for `n` samples of `prompt`; returns their sequence ids."""
+        if not (isinstance(n, int) and n >= 1 and isinstance(max_new_tokens, int) and max_new_tokens >= 1):
+            raise ValueError(f"n and max_new_tokens must be ints >= 1, got {n!r}, {max_new_tokens!r}")
+        if not prompt:
+            raise ValueError("a prompt has at least one token")
+        seq_ids = list(range(self.next_seq_id, self.next_seq_id + n))
+        self.next_seq_id += n
+        request = _Request(req_id, list(prompt), max_new_tokens, seq_ids, eos)
+        self.waiting.append(request)
+        for seq_id in seq_ids:
+            self.request_of[seq_id], self.generated[seq_id] = request, 0
+        return seq_ids
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.preempted or self.swapped or self.running)
+
+    # ---------------------------------------------------------------- one step
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        self._decode(out)
+        if not (out.preempted or out.swapped_out):
+            self._swap_in(out)
+            self._admit(out)
+        ids = out.seq_ids
+        counts = [p.num_computed_tokens for p in out.prefills] + [1] * len(out.decodes)
+        out.block_tables = self.bm.block_tables(ids)
+        out.seq_lens = self.bm.seq_lens(ids)
+        out.slot_mapping = self.bm.slot_mapping(ids, counts)
+        out.copies = self.bm.take_copies()
+        return out
+
+    def update(self, outputs: dict) -> list:
+        """Record each sequence's sampled token; returns the sequences that finished (freed)."""
+        finished = []
+        for seq_id, token in outputs.items():
+            request = self.request_of[seq_id]
+            self.generated[seq_id] += 1
+            if self.generated[seq_id] >= request.max_new_tokens or token == request.eos:
+                self.bm.free(seq_id)
+                del self.running[seq_id]
+                self.pending.pop(seq_id, None)
+                del self.request_of[seq_id], self.generated[seq_id]
+                finished.append(seq_id)
+            else:
+                self.pending[seq_id] = token
+        return finished
+
+    # ---------------------------------------------------------------- phases
+
+    def _decode(self, out: SchedulerOutput) -> None:
+        batch = [s for s in self.running if s in self.pending]
+        while batch and self.bm.blocks_for_append(batch) > self.bm.num_free_blocks():
+            victim, _ = self.running.popitem()
+            if self.preempt_mode(victim) == "swap":
+                self.bm.preempt(victim, "swap")
+                self.swapped.appendleft(victim)
+                out.swapped_out.append(victim)
+            else:
+                self.bm.preempt(victim, "recompute")
+                self.preempted.appendleft(victim)
+                out.preempted.append(victim)
+            if victim in batch:
+                batch.remove(victim)
+        if batch:
+            self.bm.append_batch(batch, [self.pending.pop(s) for s in batch])
+        out.decodes = batch
+
+    def preempt_mode(self, seq_id: int) -> str:
+        """Recompute re-prefills every token; swap moves the KV out and back. Swap needs room in
+        the CPU pool for all of the victim's blocks."""
+        blocks = len(self.bm.block_table(seq_id))
+        if blocks > self.bm.num_free_cpu_blocks():
+            return "recompute"
+        cfg = self.config
+        recompute_s = self.bm.length(seq_id) / cfg.prefill_tokens_per_s
+        swap_s = 2 * blocks * self.bm.block_size * cfg.kv_bytes_per_token / cfg.swap_bytes_per_s
+        return "swap" if swap_s < recompute_s else "recompute"
+
+    def _fits(self, blocks: int) -> bool:
+        return blocks <= self.bm.num_free_blocks() - self.watermark_blocks
+
+    def _room_for(self, n: int) -> bool:
+        return len(self.running) + n <= self.config.max_num_seqs
+
+    def _swap_in(self, out: SchedulerOutput) -> None:
+        # +1: the swapped-in sequence writes its pending token in this very step.
+        while self.swapped and self._room_for(1) and self._fits(len(self.bm.cpu_block_table(self.swapped[0])) + 1):
+            seq_id = self.swapped.popleft()
+            self.bm.swap_in(seq_id)
+            self.bm.append(seq_id, self.pending.pop(seq_id))
+            self.running[seq_id] = None
+            out.swapped_in.append(seq_id)
+            out.decodes.append(seq_id)
+
+    def _admit(self, out: SchedulerOutput) -> None:
+        # A recompute victim re-prefills its tokens plus its pending one (conservatively ignoring
+        # cache hits when checking the fit).
+        while self.preempted and self._room_for(1) and self._fits(
+                blocks_needed(self.bm.length(self.preempted[0]) + 1, self.bm.block_size)):
+            seq_id = self.preempted.popleft()
+            self.bm.resume(seq_id)
+            self.bm.append(seq_id, self.pending.pop(seq_id))
+            cached = self.bm.cached_tokens(seq_id)
+            out.prefills.append(Prefill(seq_id, cached, self.bm.length(seq_id) - cached))
+            self.running[seq_id] = None
+        while not self.preempted and self.waiting and self._room_for(len(self.waiting[0].seq_ids)) \
+                and self._fits(blocks_needed(len(self.waiting[0].prompt), self.bm.block_size)):
+            request = self.waiting.popleft()
+            first, *children = request.seq_ids
+            cached = self.bm.add(first, request.prompt)
+            out.prefills.append(Prefill(first, cached, len(request.prompt) - cached))
+            self.running[first] = None
+            for child in children:
+                self.bm.fork(first, child)
+                out.forked[child] = first
+                self.running[child] = None
