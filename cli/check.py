@@ -12,6 +12,8 @@ import click
 #: "covered" (what it exercised), "passed" and "detail".
 CHECKS = [
     ("spec-stateful", "pagedkv.fuzz.spec_machine:run_spec_check"),
+    ("differential", "pagedkv.fuzz.differential:run_differential_check"),
+    ("kernels", "pagedkv.kernels.check:run_kernel_check"),
     ("kernel-state", "pagedkv.fuzz.kernel_machine:run_kernel_state_check"),
 ]
 
