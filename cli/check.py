@@ -15,6 +15,7 @@ CHECKS = [
     ("differential", "pagedkv.fuzz.differential:run_differential_check"),
     ("kernels", "pagedkv.kernels.check:run_kernel_check"),
     ("kernel-state", "pagedkv.fuzz.kernel_machine:run_kernel_state_check"),
+    ("engine", "pagedkv.impl.engine:run_engine_check"),
 ]
 
 

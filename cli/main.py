@@ -19,8 +19,9 @@ def _register():
     main.add_command(trace.trace)
     from pagedkv.cli import gen_kernel_tests
     main.add_command(gen_kernel_tests.gen_kernel_tests)
-    from pagedkv.cli import simulate
+    from pagedkv.cli import demo, simulate
     main.add_command(simulate.simulate)
+    main.add_command(demo.demo)
 
 
 _register()

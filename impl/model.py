@@ -82,15 +82,22 @@ def dense_causal_attention(layer, q, k, v, positions):
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
-def reference_generate(model: TinyTransformer, prompt: list, max_new_tokens: int, forced: dict = None):
-    """Greedy generation with the whole sequence recomputed each step (no cache at all, so nothing
-    paged can leak in). `forced` maps a step to a token to emit instead of the argmax, as the engine
-    does to tell parallel samples apart. Returns (generated tokens, logits [steps, vocab])."""
+def pick(logits: torch.Tensor, sample: int, step: int) -> int:
+    """Greedy, except that sample k takes the k-th best token at its first step: parallel samples of
+    one prompt then differ while both runs stay deterministic."""
+    if step == 0 and sample:
+        return int(logits.topk(sample + 1).indices[-1])
+    return int(logits.argmax())
+
+
+def reference_generate(model: TinyTransformer, prompt: list, max_new_tokens: int, sample: int = 0):
+    """Generation with the whole sequence recomputed each step (no cache at all, so nothing paged can
+    leak in). Returns (generated tokens, logits [steps, vocab])."""
     tokens, generated, logits = list(prompt), [], []
     for step in range(max_new_tokens):
         ids = torch.tensor(tokens)
         last = model.forward(ids, torch.arange(len(ids)), dense_causal_attention)[-1]
-        token = (forced or {}).get(step, int(last.argmax()))
+        token = pick(last, sample, step)
         tokens.append(token)
         generated.append(token)
         logits.append(last)

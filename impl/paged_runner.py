@@ -4,8 +4,8 @@ Per layer the device pool is a pair of caches [num_blocks, B, Hkv, D] and the sw
 host tensors of the same block shape. One forward pass takes a mixed batch: prefill chunks (several
 tokens of a sequence, attended with `paged_prefill`, which also reads the sequence's cached prefix)
 then decode tokens (one per sequence, `paged_decode`). Every new token's K/V is stored by `write_kv`
-at its slot, `block * B + offset`, from the sequence's block table; attention reads only through
-the tables, so a wrong table, a missed copy or a stale block shows up as wrong logits.
+at the slot the block manager assigned (`block * B + offset`); attention reads only through the
+block tables, so a wrong table, a missed copy or a stale block shows up as wrong logits.
 """
 from dataclasses import dataclass
 
@@ -17,18 +17,21 @@ from .model import TinyTransformer
 
 
 @dataclass
-class Chunk:
-    """Tokens of one sequence to compute now: `tokens` sit at positions start .. start+len-1, and the
-    sequence's K/V for positions before `start` is already in the cache."""
-    tokens: list
-    start: int
-    block_table: list
+class Batch:
+    """One forward pass: prefill rows first (several tokens each; a prefill's queries are the last
+    `query_lens[i]` of its `seq_lens[i]` tokens), then decode rows (one token each)."""
+    tokens: torch.Tensor         # int64 [T], row by row
+    query_lens: torch.Tensor     # int64 [S]
+    seq_lens: torch.Tensor       # int32 [S]: tokens in the cache once this pass has written
+    block_tables: torch.Tensor   # int32 [S, M]
+    slot_mapping: torch.Tensor   # int64 [T]
+    num_prefills: int
 
 
 class PagedRunner:
     def __init__(self, model: TinyTransformer, num_blocks: int, block_size: int, num_cpu_blocks: int = 0):
         cfg = model.cfg
-        self.model, self.block_size = model, block_size
+        self.model = model
         shape = (cfg.kv_heads, cfg.head_dim)
         # NaN in never-written slots: a kernel that reads past a sequence's length cannot hide it.
         self.k = [torch.full((num_blocks, block_size, *shape), float("nan")) for _ in range(cfg.layers)]
@@ -47,38 +50,30 @@ class PagedRunner:
             if len(copies.cow):
                 copy_blocks(self.k[layer], self.v[layer], copies.cow)
 
-    def forward(self, prefills: list, decodes: list) -> torch.Tensor:
-        """Logits [len(prefills) + len(decodes), vocab] of each chunk's last token; decode chunks hold
-        one token each."""
-        chunks = prefills + decodes
-        tokens = torch.tensor([t for c in chunks for t in c.tokens], dtype=torch.int64)
-        positions = torch.cat([torch.arange(c.start, c.start + len(c.tokens)) for c in chunks])
-        seq_lens = torch.tensor([c.start + len(c.tokens) for c in chunks], dtype=torch.int32)
-        width = max(len(c.block_table) for c in chunks)
-        tables = torch.tensor([c.block_table + [-1] * (width - len(c.block_table)) for c in chunks],
-                              dtype=torch.int32)
-        counts = torch.tensor([len(c.tokens) for c in chunks])
-        rows = torch.repeat_interleave(torch.arange(len(chunks)), counts)
-        slots = (tables[rows, positions // self.block_size].long() * self.block_size
-                 + positions % self.block_size)
-        num_prefill_tokens = int(counts[:len(prefills)].sum())
-        query_start = torch.zeros(len(prefills) + 1, dtype=torch.int32)
-        query_start[1:] = torch.cumsum(counts[:len(prefills)], 0)
-        p = len(prefills)
+    def forward(self, batch: Batch) -> torch.Tensor:
+        """Logits [S, vocab] of each row's last token."""
+        p = batch.num_prefills
+        rows = torch.repeat_interleave(torch.arange(len(batch.query_lens)), batch.query_lens)
+        ends = torch.cumsum(batch.query_lens, 0)
+        # A row's tokens are the last query_lens of its seq_lens positions.
+        positions = torch.arange(len(rows)) - (ends - batch.query_lens)[rows] \
+            + (batch.seq_lens.long() - batch.query_lens)[rows]
+        num_prefill_tokens = int(ends[p - 1]) if p else 0
+        query_start = torch.zeros(p + 1, dtype=torch.int32)
+        query_start[1:] = ends[:p]
+        tables, lens = batch.block_tables, batch.seq_lens
 
         def attend(layer, q, k, v, _positions):
             k_cache, v_cache = self.k[layer], self.v[layer]
-            write_kv(k, v, k_cache, v_cache, slots)
+            write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
             parts = []
-            if prefills:
-                parts.append(paged_prefill(q[:num_prefill_tokens], k_cache, v_cache, tables[:p], seq_lens[:p],
-                                           query_start))
-            if decodes:
-                parts.append(paged_decode(q[num_prefill_tokens:], k_cache, v_cache, tables[p:], seq_lens[p:]))
+            if p:
+                parts.append(paged_prefill(q[:num_prefill_tokens], k_cache, v_cache, tables[:p], lens[:p], query_start))
+            if p < len(lens):
+                parts.append(paged_decode(q[num_prefill_tokens:], k_cache, v_cache, tables[p:], lens[p:]))
             return torch.cat(parts)
 
-        logits = self.model.forward(tokens, positions, attend)
-        return logits[torch.cumsum(counts, 0) - 1]
+        return self.model.forward(batch.tokens, positions, attend)[ends - 1]
 
 
 def _copy_across(src_cache: torch.Tensor, dst_cache: torch.Tensor, pairs: torch.Tensor) -> None:
