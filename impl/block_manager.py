@@ -112,13 +112,13 @@ class BlockManager:
         """Admit a prompt: ceil(len/B) blocks, the longest confirmed cached prefix shared.
         Returns the prompt tokens served from cache."""
         _check_seq_id(seq_id)
-        tokens = _check_prompt(tokens)
+        written = _check_prompt(tokens)
         if seq_id in self.seqs:
             raise DuplicateSequence(seq_id)
         hits, needed = self._plan_prompt(tokens)
         seq = _Seq(row=self._take_row())
         self.seqs[seq_id], self.row_of[seq_id] = seq, seq.row
-        self._place_prompt(seq_id, seq, tokens, hits, needed)
+        self._place_prompt(seq_id, seq, written, hits, needed)
         return seq.cached_tokens
 
     @_locked
@@ -195,7 +195,7 @@ class BlockManager:
             raise InvalidState(f"sequence {seq_id!r} is already running")
         if status == _WAITING:
             hits, needed = self._plan_prompt(seq.waiting_tokens)
-            self._place_prompt(seq_id, seq, seq.waiting_tokens, hits, needed)
+            self._place_prompt(seq_id, seq, np.array(seq.waiting_tokens, dtype=np.int64), hits, needed)
             seq.waiting_tokens = []
             return []
         cpu_table = seq.cpu_block_table
@@ -402,7 +402,7 @@ class BlockManager:
         """Rows of distinct known sequences. Engines pass the same batch step after step, so the
         last batch's rows are remembered until a row is recycled."""
         if isinstance(seq_ids, (np.ndarray, torch.Tensor)):
-            seq_ids = seq_ids.tolist()
+            seq_ids = seq_ids.tolist()   # an integer array holds only ints; others fail below
         last = self._last_batch
         if last is not None and last[2] == self._rows_version and last[0] == seq_ids:
             return last[1]
@@ -410,11 +410,13 @@ class BlockManager:
         if set(map(type, seq_ids)) - {int}:
             for seq_id in seq_ids:
                 _check_seq_id(seq_id)
-        _require(len(set(seq_ids)) == len(seq_ids), "a batch names a sequence twice")
         try:
             rows = np.fromiter(map(self.row_of.__getitem__, seq_ids), np.int64, len(seq_ids))
         except KeyError as missing:
             raise UnknownSequence(missing.args[0]) from None
+        seen = np.zeros(len(self.seq_len), dtype=bool)
+        seen[rows] = True
+        _require(np.count_nonzero(seen) == len(rows), "a batch names a sequence twice")
         self._last_batch = (list(seq_ids), rows, self._rows_version)
         return rows
 
@@ -450,7 +452,7 @@ class BlockManager:
             raise OutOfBlocks(needed, available)
         return hits, needed
 
-    def _place_prompt(self, seq_id, seq: _Seq, tokens: list, hits: list, needed: int) -> None:
+    def _place_prompt(self, seq_id, seq: _Seq, tokens: np.ndarray, hits: list, needed: int) -> None:
         B = self.block_size
         self.pool.share(hits)
         fresh = self.pool.take(needed)
@@ -641,22 +643,32 @@ def _require(condition: bool, message: str) -> None:
         raise InvalidArgument(message)
 
 
+# The checks below run on every call: they format their message only when they fail.
+
 def _check_seq_id(seq_id) -> None:
-    _require(_is_int(seq_id), f"sequence ids are ints, got {seq_id!r}")
+    if not _is_int(seq_id):
+        raise InvalidArgument(f"sequence ids are ints, got {seq_id!r}")
 
 
 def _check_token(token) -> None:
-    _require(_is_int(token) and 0 <= token <= _INT64_MAX, f"tokens are ints in 0..2**63-1, got {token!r}")
+    if not (_is_int(token) and 0 <= token <= _INT64_MAX):
+        raise InvalidArgument(f"tokens are ints in 0..2**63-1, got {token!r}")
 
 
-def _check_prompt(tokens) -> list:
-    _require(isinstance(tokens, (list, tuple)) and len(tokens) > 0,
-             f"a prompt is a non-empty list of tokens, got {tokens!r}")
-    tokens = list(tokens)
-    if set(map(type, tokens)) != {int} or min(tokens) < 0 or max(tokens) > _INT64_MAX:
-        for token in tokens:   # the slow path finds and names the bad token
-            _check_token(token)
-    return tokens
+def _check_prompt(tokens) -> np.ndarray:
+    """The prompt as int64, once every token is known to be a plain int in range."""
+    if not (isinstance(tokens, (list, tuple)) and len(tokens) > 0):
+        raise InvalidArgument(f"a prompt is a non-empty list of tokens, got {tokens!r}")
+    if set(map(type, tokens)) == {int}:
+        try:
+            array = np.array(tokens, dtype=np.int64)
+            if array.min() >= 0:
+                return array
+        except OverflowError:
+            pass
+    for token in tokens:   # the slow path finds and names the bad token
+        _check_token(token)
+    return np.array(tokens, dtype=np.int64)
 
 
 def _check_token_batch(tokens) -> np.ndarray:
@@ -664,8 +676,8 @@ def _check_token_batch(tokens) -> np.ndarray:
     if isinstance(tokens, torch.Tensor):
         tokens = tokens.cpu().numpy()
     if isinstance(tokens, np.ndarray):
-        _require(tokens.ndim == 1 and (tokens.dtype.kind in "iu" or tokens.size == 0),
-                 f"a token batch is a 1-d integer array, got {tokens.dtype}{list(tokens.shape)}")
+        if not (tokens.ndim == 1 and (tokens.dtype.kind in "iu" or tokens.size == 0)):
+            raise InvalidArgument(f"a token batch is a 1-d integer array, got {tokens.dtype}{list(tokens.shape)}")
         array = tokens.astype(np.int64)   # uint64 beyond int64 wraps negative and is refused
         _require(not (array < 0).any(), "tokens are ints in 0..2**63-1")
         return array

@@ -1,9 +1,14 @@
 """Prefix cache: full blocks indexed by a chained hash, every hit confirmed by exact content.
 
-A hash is only a hint. What a block really holds is its *content*: its tokens after one exact
+A hash is only a name. What a block really holds is its *content*: its tokens after one exact
 prefix. Contents are interned as a trie, `(parent content, block tokens) -> Content`, so two blocks
-hold the same KV exactly when they point at the same `Content` object. A 64-bit hash collision can
-therefore cost a cache miss, never a wrong hit.
+hold the same KV exactly when they point at the same `Content` object.
+
+The hash index decides, as in the spec, which block is *the* cached one: a block that fills is
+indexed under its content's chained hash unless that hash is already taken. A lookup walks the trie
+with the prompt's blocks and takes, for each content, the block indexed under its hash — the hit the
+spec's "look up the hash, confirm the content" finds, without hashing the prompt again. A hash
+collision can therefore cost a cache miss (the second content is never indexed), never a wrong hit.
 
 Every full block that holds computed KV (live, or released but still indexed) has a content; a
 content lives while a block or a child content refers to it.
@@ -15,10 +20,11 @@ from .hashing import ChainHash
 class Content:
     """The tokens of one full block after one exact prefix (the parent content)."""
 
-    __slots__ = ("parent", "tokens", "hash", "refs")
+    __slots__ = ("parent", "tokens", "hash", "refs", "indexed_block")
 
     def __init__(self, parent, tokens: tuple, hash_: int):
         self.parent, self.tokens, self.hash, self.refs = parent, tokens, hash_, 0
+        self.indexed_block = None   # the block indexed under this hash, when it holds this content
 
     @property
     def key(self) -> tuple:
@@ -40,13 +46,10 @@ class PrefixCache:
         """Indexed blocks holding the leading full blocks of `tokens`, at most `max_blocks`."""
         hits, parent = [], None
         for j in range(max_blocks):
-            block_tokens = tuple(tokens[j * block_size:(j + 1) * block_size])
-            block = self.hash_to_block.get(self.chain_hash(parent and parent.hash, block_tokens))
-            content = self.contents.get((parent, block_tokens))
-            if block is None or content is None or self.content_of[block] is not content:
+            parent = self.contents.get((parent, tuple(tokens[j * block_size:(j + 1) * block_size])))
+            if parent is None or parent.indexed_block is None:
                 break
-            hits.append(block)
-            parent = content
+            hits.append(parent.indexed_block)
         return hits
 
     def fill(self, block: int, parent_block, block_tokens: tuple) -> None:
@@ -66,12 +69,14 @@ class PrefixCache:
         if content.hash not in self.hash_to_block:
             self.hash_to_block[content.hash] = block
             self.block_hash[block] = content.hash
+            content.indexed_block = block
 
     def forget(self, block: int) -> None:
         """`block` is wiped (freed or evicted): drop it from the index and release its content."""
+        content = self.content_of.pop(block, None)
         if block in self.block_hash:
             del self.hash_to_block[self.block_hash.pop(block)]
-        content = self.content_of.pop(block, None)
+            content.indexed_block = None
         while content is not None:
             content.refs -= 1
             if content.refs:
@@ -93,4 +98,9 @@ class PrefixCache:
         for block, h in self.block_hash.items():
             if block not in self.content_of or self.content_of[block].hash != h:
                 problems.append(f"indexed block {block} does not hold content hashing to {h}")
+            elif self.content_of[block].indexed_block != block:
+                problems.append(f"indexed block {block} is not its content's indexed block")
+        indexed = sum(c.indexed_block is not None for c in self.contents.values())
+        if indexed != len(self.block_hash):
+            problems.append(f"{indexed} contents name an indexed block, {len(self.block_hash)} blocks are indexed")
         return problems
