@@ -3,7 +3,10 @@ appending, preempting and freeing (and one checking invariants meanwhile) ends w
 and ref counts holding and, once everything is freed, no block leaked."""
 
 import random
+import sys
 import threading
+
+import pytest
 
 from pagedkv.impl.block_manager import BlockManager
 from pagedkv.spec import OutOfBlocks
@@ -48,7 +51,17 @@ def worker(bm: BlockManager, thread: int, errors: list) -> None:
         errors.append(error)
 
 
-def test_threads_share_a_block_manager_without_leaks():
+@pytest.fixture
+def frequent_thread_switches():
+    """Switch threads every few microseconds so calls interleave (without the lock this test
+    fails every time)."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    yield
+    sys.setswitchinterval(interval)
+
+
+def test_threads_share_a_block_manager_without_leaks(frequent_thread_switches):
     bm = BlockManager(64, 2, num_cpu_blocks=16, prefix_caching=True, max_seqs=4)
     errors, done = [], threading.Event()
 
