@@ -7,7 +7,8 @@ from pathlib import Path
 from .simulator import SimResult
 
 #: summary keys shown in tables and the sweep CSV, in order
-HEADLINE = ("allocator", "block_size", "pool_blocks", "utilization_mean", "tail_bound_mean", "waste_mib_mean",
+HEADLINE = ("allocator", "block_size", "pool_blocks", "utilization_mean", "tail_bound_mean", "tail_expected_mean",
+            "waste_mib_mean",
             "concurrency_peak", "concurrency_mean", "admissions_delayed", "oom_events", "preempt_recompute",
             "preempt_swap", "prefix_hit_rate", "block_table_len_mean", "ttft_p50_s", "ttft_p99_s",
             "itl_p50_s", "itl_p99_s", "simulated_s")
@@ -48,7 +49,8 @@ def plot_sweep(sweep: list, path) -> Path:
     sizes = [row["block_size"] for row in sweep]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     left.plot(sizes, [row["utilization_mean"] for row in sweep], "o-", label="utilization")
-    left.plot(sizes, [row["tail_bound_mean"] for row in sweep], "--", label="tail-waste bound")
+    left.plot(sizes, [row["tail_expected_mean"] for row in sweep], ":", label="expected tail waste, (B-1)/2 per seq")
+    left.plot(sizes, [row["tail_bound_mean"] for row in sweep], "--", label="tail-waste bound, B-1 per seq")
     left.set(xscale="log", xlabel="block size (tokens)", ylabel="mean utilization", title="Paged, fixed pool bytes")
     left.set_xticks(sizes, [str(s) for s in sizes])
     left.legend()
@@ -58,6 +60,7 @@ def plot_sweep(sweep: list, path) -> Path:
     twin = right.twinx()
     twin.plot(sizes, [row["block_table_len_mean"] for row in sweep], "s:", color="tab:gray")
     twin.set_ylabel("mean block-table length", color="tab:gray")
+    right.legend(loc="upper center")
     return _save(fig, path)
 
 

@@ -16,8 +16,9 @@ Cost model (simulated seconds; `CostModel`, printed with every report). One engi
     step_overhead_s + prefill_token_s * prompt tokens computed (incl. recomputation after preemption)
                     + decode_seq_s * sequences decoded + swap bytes / swap_bytes_per_s
 
-Defaults: 4 ms per step, 50 us per prompt token (20,000 tokens/s, the seed's recompute rate), 0.2 ms
-per decoded sequence, 25 GiB/s host link (the seed's swap bandwidth). Every sequence that ran in a
+Defaults: 5 ms per step (reading a 7B model's weights once at ~3 TB/s), 50 us per prompt token
+(20,000 tokens/s, the seed's recompute rate), 0.05 ms per decoded sequence (its KV reads and
+sampling), 25 GiB/s host link (the seed's swap bandwidth). Every sequence that ran in a
 step gets its token at the step's end; TTFT = first token - arrival, inter-token latency = the gaps
 between one sequence's tokens (a preempted sequence's stall shows there).
 
@@ -26,7 +27,8 @@ utilization = useful KV slots (slots holding a token's K/V, a shared block count
 slots (paged: slots of blocks held by live sequences; contiguous: reserved ranges); it is averaged
 weighted by step duration. Tail waste = reserved - useful slots, in MiB at the model's bytes per token.
 For paged it is bounded by the partly filled tail blocks, so utilization >= 1 - (B-1) * sequences /
-reserved at every step (`tail_bound`).
+reserved at every step (`tail_bound`); with lengths uniform modulo B it sits near 1 - (B-1)/2 *
+sequences / reserved (`tail_expected`).
 """
 import json
 import math
@@ -49,9 +51,9 @@ TIMELINE = ("time", "dt", "useful", "reserved", "sequences", "waiting", "table_b
 
 @dataclass(frozen=True)
 class CostModel:
-    step_overhead_s: float = 0.004
+    step_overhead_s: float = 0.005
     prefill_token_s: float = 1 / 20000
-    decode_seq_s: float = 0.0002
+    decode_seq_s: float = 0.00005
     swap_bytes_per_s: float = 25 * 2**30
 
     def step_seconds(self, prefill_tokens: int, decode_seqs: int, swap_bytes: int) -> float:
@@ -322,7 +324,7 @@ class SimResult:
         util_steps = useful[busy] / reserved[busy]
         waste = (reserved - useful) * self.config.bytes_per_token / MiB
         seqs = t["sequences"]
-        bound = 1 - (self.config.block_size - 1) * seqs[busy] / reserved[busy]
+        tail_slots = (self.config.block_size - 1) * seqs[busy] / reserved[busy]   # worst case, per slot
         return {
             "allocator": self.config.allocator,
             "block_size": self.config.block_size,
@@ -334,8 +336,10 @@ class SimResult:
             "steps": int(len(dt)),
             "utilization_mean": _ratio((useful * dt).sum(), (reserved * dt).sum()),
             "utilization_min": float(util_steps.min()) if busy.any() else 0.0,
-            "tail_bound_mean": (float(np.average(bound, weights=weights)) if busy.any() else 0.0)
-            if self.config.allocator == "paged" else None,   # contiguous waste is not tail-bounded
+            # Paged only (contiguous waste is not tail-bounded): the worst case, B-1 empty slots per
+            # sequence, and the expectation when lengths are uniform modulo B, (B-1)/2.
+            "tail_bound_mean": self._paged(1 - np.average(tail_slots, weights=weights)) if busy.any() else 0.0,
+            "tail_expected_mean": self._paged(1 - np.average(tail_slots / 2, weights=weights)) if busy.any() else 0.0,
             "waste_mib_mean": _ratio((waste * dt).sum(), dt.sum()),
             "waste_mib_peak": float(waste.max(initial=0)),
             "pool_occupancy_mean": _ratio((reserved * dt).sum(), dt.sum() * self.config.capacity_slots),
@@ -347,6 +351,10 @@ class SimResult:
             "itl_p50_s": _pct(self.itl, 50), "itl_p99_s": _pct(self.itl, 99),
             **self.counters,
         }
+
+
+    def _paged(self, value):
+        return float(value) if self.config.allocator == "paged" else None
 
 
 def simulate(requests: list, cfg: SimConfig) -> SimResult:
