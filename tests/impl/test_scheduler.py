@@ -1,0 +1,174 @@
+"""Scheduler: watermark admission, latest-first preemption, the cost model both ways, shared blocks
+not counted as freed, tables published only after the capacity check, and full runs."""
+
+import random
+
+import pytest
+
+from pagedkv.impl.block_manager import BlockManager
+from pagedkv.impl.scheduler import Scheduler, SchedulerConfig
+
+RECOMPUTE_CHEAP = SchedulerConfig(watermark=0.0, prefill_tokens_per_s=1e12, swap_bytes_per_s=1.0)
+SWAP_CHEAP = SchedulerConfig(watermark=0.0, prefill_tokens_per_s=1.0, swap_bytes_per_s=1e18)
+
+
+def run_step(scheduler: Scheduler, token: int = 7):
+    """One engine step: schedule, then sample `token` for every sequence that ran."""
+    out = scheduler.schedule()
+    scheduler.update({s: token for s in out.seq_ids + list(out.forked)})
+    return out
+
+
+def test_admission_keeps_the_watermark_free():
+    bm = BlockManager(10, 4)
+    scheduler = Scheduler(bm, SchedulerConfig(watermark=0.2))   # 2 blocks stay free
+    scheduler.add_request("a", list(range(33)), 4)                # 9 blocks: over the watermark
+    assert scheduler.schedule().prefills == []
+    bm2 = BlockManager(10, 4)
+    scheduler2 = Scheduler(bm2, SchedulerConfig(watermark=0.2))
+    scheduler2.add_request("a", list(range(32)), 4)               # 8 blocks: fits
+    out = scheduler2.schedule()
+    assert [p.seq_id for p in out.prefills] == [0] and out.prefills[0].num_computed_tokens == 32
+    assert bm2.num_free_blocks() == 2
+
+
+def test_max_num_seqs_limits_admission():
+    scheduler = Scheduler(BlockManager(64, 4), SchedulerConfig(max_num_seqs=3))
+    scheduler.add_request("a", [1, 2], 5, n=2)
+    scheduler.add_request("b", [3], 5, n=2)
+    out = scheduler.schedule()
+    assert [p.seq_id for p in out.prefills] == [0] and out.forked == {1: 0}
+    assert list(scheduler.waiting)[0].req_id == "b"
+
+
+def fill_up(config: SchedulerConfig, num_cpu_blocks: int = 0):
+    """Three one-block sequences admitted in order 0, 1, 2 fill 3 blocks of size 2; the next
+    decode needs a new block for each, so two must go."""
+    bm = BlockManager(3, 2, num_cpu_blocks=num_cpu_blocks)
+    scheduler = Scheduler(bm, config)
+    for name in "abc":
+        scheduler.add_request(name, [1, 2], 10)
+    out = run_step(scheduler)
+    assert [p.seq_id for p in out.prefills] == [0, 1, 2]
+    return bm, scheduler
+
+
+def test_preempts_the_most_recently_admitted_first():
+    bm, scheduler = fill_up(RECOMPUTE_CHEAP)
+    out = run_step(scheduler)
+    assert out.preempted == [2, 1] and out.decodes == [0]
+    assert bm.status(1) == bm.status(2) == "waiting"
+    assert list(scheduler.preempted) == [1, 2]               # earliest admitted resumes first
+
+
+def test_cost_model_picks_recompute_when_prefill_is_cheap():
+    bm, scheduler = fill_up(RECOMPUTE_CHEAP, num_cpu_blocks=8)
+    out = run_step(scheduler)
+    assert out.preempted and not out.swapped_out
+
+
+def test_cost_model_picks_swap_when_the_link_is_fast():
+    bm, scheduler = fill_up(SWAP_CHEAP, num_cpu_blocks=8)
+    out = run_step(scheduler)
+    assert out.swapped_out == [2, 1] and not out.preempted
+    assert out.copies.swap_out.shape == (2, 2)
+    assert bm.status(2) == "swapped"
+
+
+def test_swap_needs_room_in_the_cpu_pool():
+    bm, scheduler = fill_up(SWAP_CHEAP, num_cpu_blocks=1)
+    out = run_step(scheduler)
+    assert out.swapped_out == [2] and out.preempted == [1]   # the CPU pool filled after one
+
+
+def test_cost_model_compares_recompute_time_with_twice_the_transfer():
+    bm = BlockManager(8, 4, num_cpu_blocks=8)
+    bm.add(0, list(range(8)))                                 # 8 tokens, 2 blocks
+    config = SchedulerConfig(prefill_tokens_per_s=8.0, kv_bytes_per_token=1, swap_bytes_per_s=16.0)
+    assert Scheduler(bm, config).preempt_mode(0) == "recompute"   # 1 s recompute vs 2*8/16 = 1 s swap
+    faster_link = SchedulerConfig(prefill_tokens_per_s=8.0, kv_bytes_per_token=1, swap_bytes_per_s=17.0)
+    assert Scheduler(bm, faster_link).preempt_mode(0) == "swap"
+
+
+def test_blocks_shared_with_others_are_not_counted_as_freed():
+    """Parent 0 and children 1, 2 share both prompt blocks (the tail partly filled). The decode
+    needs 2 copy-on-writes with 1 block free. Preempting child 2 frees nothing, as its blocks stay
+    for the others; then 0 copies and 1, the last sharer, writes in place: 1 block, which fits."""
+    bm = BlockManager(3, 2)
+    scheduler = Scheduler(bm, RECOMPUTE_CHEAP)
+    scheduler.add_request("a", [1, 2, 3], 10, n=3)
+    out = run_step(scheduler)
+    assert out.forked == {1: 0, 2: 0} and bm.num_free_blocks() == 1
+    free_after_preempt = []
+    preempt = bm.preempt
+    bm.preempt = lambda *a: (preempt(*a), free_after_preempt.append(bm.num_free_blocks()))[0]
+    out = scheduler.schedule()
+    assert out.preempted == [2] and free_after_preempt == [1]
+    assert out.decodes == [0, 1] and out.copies.cow.shape == (1, 2)
+    assert bm.refcount(bm.block_table(1)[0]) == 2
+    bm.check()
+
+
+def test_tables_published_only_after_the_capacity_check():
+    """Spy on the block manager: within a step, every preemption comes before the batch append,
+    and the tables are read after it."""
+    bm, scheduler = fill_up(RECOMPUTE_CHEAP)
+    calls = []   # (the block manager's own batch append is all or nothing as well)
+    for name in ("preempt", "append_batch", "append", "block_tables", "slot_mapping"):
+        method = getattr(bm, name)
+        setattr(bm, name, lambda *a, _m=method, _n=name, **k: (calls.append(_n), _m(*a, **k))[1])
+    out = scheduler.schedule()
+    assert calls == ["preempt", "preempt", "append_batch", "block_tables", "slot_mapping"]
+    assert out.block_tables.tolist() == [bm.block_table(0)]
+
+
+def test_preempted_sequences_come_back_and_finish():
+    for config, cpu in ((RECOMPUTE_CHEAP, 0), (SWAP_CHEAP, 16)):
+        bm = BlockManager(6, 2, num_cpu_blocks=cpu, prefix_caching=True)
+        scheduler = Scheduler(bm, config)
+        for name in "abc":
+            scheduler.add_request(name, [1, 2, 3], 6)
+        finished, seen = [], set()
+        for _ in range(60):
+            out = scheduler.schedule()
+            seen |= {"preempted"} if out.preempted else set()
+            seen |= {"swapped"} if out.swapped_in else set()
+            finished += scheduler.update({s: 5 for s in out.seq_ids + list(out.forked)})
+            bm.check()
+            if not scheduler.has_unfinished():
+                break
+        assert sorted(finished) == [0, 1, 2]
+        assert seen == ({"preempted"} if cpu == 0 else {"swapped"})
+        assert bm.seq_ids() == [] and bm.num_free_blocks() == 6
+
+
+def test_random_workload_runs_to_completion_without_leaks():
+    rng = random.Random(1)
+    bm = BlockManager(40, 4, num_cpu_blocks=12, prefix_caching=True)
+    scheduler = Scheduler(bm, SchedulerConfig(watermark=0.05, max_num_seqs=8, prefill_tokens_per_s=50.0,
+                                              kv_bytes_per_token=64, swap_bytes_per_s=1e5))
+    lengths = {}
+    for i in range(12):
+        ids = scheduler.add_request(i, [1, 2, 3, 4] + [rng.randrange(9) for _ in range(rng.randrange(1, 12))],
+                                    max_new_tokens=rng.randrange(1, 20), n=rng.choice([1, 1, 2]))
+        lengths.update({s: 0 for s in ids})
+    for _ in range(500):
+        if not scheduler.has_unfinished():
+            break
+        out = scheduler.schedule()
+        sampled = {s: rng.randrange(9) for s in out.seq_ids + list(out.forked)}
+        for s in sampled:
+            lengths[s] += 1
+        for s in scheduler.update(sampled):
+            lengths[s] = -lengths[s]   # mark finished
+        bm.check()
+    assert not scheduler.has_unfinished()
+    assert all(n < 0 for n in lengths.values())
+    assert bm.num_free_blocks() == 40 and bm.num_free_cpu_blocks() == 12
+
+
+@pytest.mark.parametrize("kwargs", [{"max_new_tokens": 0}, {"n": 0}, {"prompt": []}])
+def test_bad_requests_are_refused(kwargs):
+    scheduler = Scheduler(BlockManager(4, 2))
+    with pytest.raises(ValueError):
+        scheduler.add_request("a", **{"prompt": [1], "max_new_tokens": 2, **kwargs})
