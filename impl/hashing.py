@@ -23,7 +23,7 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
     post: __return__ * block_size >= num_tokens
     post: (__return__ - 1) * block_size < num_tokens or __return__ == 0
     """
-    return (num_tokens + block_size - 1) // block_size
+    return -(-num_tokens // block_size)
 
 
 def slot_of(block_table: Sequence[int], position: int, block_size: int) -> int:
