@@ -268,7 +268,7 @@ class BlockManager:
         them holds, -1 past a sequence's own blocks."""
         rows = self._rows(seq_ids)
         width = int(self.num_held[rows].max(initial=0))
-        if self.device.type == "cpu":
+        if self.shares_host_memory:
             return torch.from_numpy(self.tables[rows, :width])
         self._sync_device_tables()
         return self.device_tables[torch.from_numpy(rows).to(self.device), :width]
@@ -533,6 +533,11 @@ class BlockManager:
 
     # ---------------------------------------------------------------- internals: table storage
 
+    @property
+    def shares_host_memory(self) -> bool:
+        """On CPU the table tensor is the host array itself; elsewhere a copy synced row by row."""
+        return self.device.type == "cpu"
+
     def _allocate_rows(self, max_seqs: int, width: int) -> None:
         self.tables = np.full((max_seqs, width), -1, dtype=np.int32)
         self.seq_len = np.zeros(max_seqs, dtype=np.int64)
@@ -546,7 +551,7 @@ class BlockManager:
     def _new_table_tensor(self) -> None:
         """The tensor kernels read: the host array itself on CPU, a device copy elsewhere."""
         self._dirty[:] = True
-        self.device_tables = (torch.from_numpy(self.tables) if self.device.type == "cpu"
+        self.device_tables = (torch.from_numpy(self.tables) if self.shares_host_memory
                               else torch.empty(self.tables.shape, dtype=torch.int32, device=self.device))
 
     def _sync_device_tables(self) -> None:

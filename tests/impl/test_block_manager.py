@@ -239,6 +239,30 @@ def test_cpu_table_tensor_is_updated_in_place():
     assert tensor[bm.row_of[1], :2].tolist() == bm.block_table(1)
 
 
+class MirroredBlockManager(BlockManager):
+    """Keeps a separate table tensor, synced row by row, as on a GPU (testable without one)."""
+
+    shares_host_memory = False
+
+
+def test_device_tables_sync_only_changed_rows():
+    bm = MirroredBlockManager(16, 2, max_seqs=2, max_blocks_per_seq=1)
+    bm.add(1, [1, 2, 3])
+    bm.add(2, [4])
+    assert bm.block_tables([1, 2]).tolist() == [bm.block_table(1), bm.block_table(2) + [-1]]
+    assert not bm._dirty.any()
+    bm.append_batch([1, 2], [5, 6])            # 2 writes into its tail, 1 fills a block: no new block
+    assert not bm._dirty.any()
+    bm.append_batch([1, 2], [7, 8])            # 1 takes a new block, 2 a new block too
+    assert bm._dirty[[bm.row_of[1], bm.row_of[2]]].all()
+    bm.free(2)
+    bm.add(3, [9] * 5)                         # reuses 2's row
+    assert bm.block_tables([3, 1]).tolist() == [bm.block_table(3), bm.block_table(1)]
+    bm.add(4, [9] * 9)                         # more rows and columns: a new tensor, all rows dirty
+    assert bm.block_tables([4, 3]).tolist() == [bm.block_table(4), bm.block_table(3) + [-1, -1]]
+    assert torch.equal(bm.device_tables, torch.from_numpy(bm.tables))
+
+
 def test_copies_are_queued_as_tensors_and_drained():
     bm = BlockManager(8, 2, num_cpu_blocks=4)
     bm.add(1, [1])
