@@ -86,7 +86,7 @@ _ROWS = [  # (label, summary key, format)
     ("pool occupancy, mean", "pool_occupancy_mean", "{:.1%}"),
     ("concurrency, peak / mean", ("concurrency_peak", "concurrency_mean"), "{} / {:.1f}"),
     ("admissions delayed", "admissions_delayed", "{}"),
-    ("out-of-memory events", "oom_events", "{}"),
+    ("out-of-memory events (fragmented)", ("oom_events", "fragmented_oom"), "{} ({})"),
     ("preempted: recompute / swap", ("preempt_recompute", "preempt_swap"), "{} / {}"),
     ("prefix hit rate", "prefix_hit_rate", "{:.1%}"),
     ("block-table length, mean / max", ("block_table_len_mean", "block_table_len_max"), "{:.1f} / {}"),
