@@ -7,13 +7,16 @@ block-table and slot-mapping tensors built from Python lists. Both sides do the 
 - decode step: append one token to every running sequence (a new block when the tail is full),
   then the int32 block tables and int64 slot mapping of the batch;
 - add + free of a 2k-token prompt;
-- add + free of a 32k-token prompt whose first 32k - 1 tokens are cached (the prefix lookup:
-  chained xxhash per block, hit confirmed against the stored tokens).
+- the prefix lookup of a 32k-token prompt whose leading full blocks are all cached (baseline:
+  chained xxhash per block, the hit confirmed against the block's stored tokens; impl: the public
+  `cached_prefix_tokens`, which validates the prompt and walks the content trie), and add + free
+  of that prompt.
 
 Run: python bench/allocator.py [--block-size 16] [--steps 30]
 """
 
 import argparse
+import os
 import random
 import statistics
 import time
@@ -35,20 +38,23 @@ class SimpleEngineBooks:
         self.tables, self.lengths = {}, {}
         self.hash_to_block, self.block_tokens = {}, {}
 
-    def add(self, seq_id: int, tokens: list) -> int:
-        B, table, parent = self.block_size, [], 0
-        hits = 0
+    def lookup(self, tokens: list) -> list:
+        """Cached blocks of the prompt's leading full blocks: chained hash, then token check."""
+        B, hits, parent = self.block_size, [], 0
         for j in range((len(tokens) - 1) // B if self.prefix_caching else 0):
             block_tokens = tokens[j * B:(j + 1) * B]
             parent = xxhash.xxh3_64_intdigest(np.array(block_tokens).tobytes(), seed=parent)
             block = self.hash_to_block.get(parent)
             if block is None or self.block_tokens[block] != block_tokens:
                 break
-            table.append(block)
-            hits += 1
-        table += [self.free_blocks.popleft() for _ in range(-(-len(tokens) // B) - hits)]
+            hits.append(block)
+        return hits
+
+    def add(self, seq_id: int, tokens: list) -> int:
+        hits = self.lookup(tokens)
+        table = hits + [self.free_blocks.popleft() for _ in range(-(-len(tokens) // self.block_size) - len(hits))]
         self.tables[seq_id], self.lengths[seq_id] = table, len(tokens)
-        return hits * B
+        return len(hits) * self.block_size
 
     def cache(self, tokens: list, table: list) -> None:
         """Index a sequence's full blocks (the baseline keeps them out of the free list)."""
@@ -155,7 +161,11 @@ def bench_prefix(prompt_len: int, block_size: int, repeats: int, rng: random.Ran
         assert bm.add(1, prompt) == (prompt_len - 1) // block_size * block_size
         bm.free(1)
 
-    return {"baseline": median_time(base_cycle, repeats), "impl": median_time(impl_cycle, repeats)}
+    cached = (prompt_len - 1) // block_size
+    assert len(base.lookup(prompt)) * block_size == bm.cached_prefix_tokens(prompt) == cached * block_size
+    return {"lookup": {"baseline": median_time(lambda: base.lookup(prompt), repeats),
+                       "impl": median_time(lambda: bm.cached_prefix_tokens(prompt), repeats)},
+            "add+free": {"baseline": median_time(base_cycle, repeats), "impl": median_time(impl_cycle, repeats)}}
 
 
 def main():
@@ -169,8 +179,11 @@ def main():
     for n in (256, 1024, 4096):
         rows.append((f"decode step, {n} seqs", bench_decode(n, args.block_size, args.steps, rng)))
     rows.append(("add + free, 2k-token prompt", bench_add_free(2048, args.block_size, 50, rng)))
-    rows.append(("add + free, 32k prompt, 32k-1 cached", bench_prefix(32768, args.block_size, 20, rng)))
-    print(f"block_size={args.block_size}; median of repeats; times in microseconds")
+    prefix = bench_prefix(32768, args.block_size, 20, rng)
+    rows.append(("prefix lookup, 32k prompt", prefix["lookup"]))
+    rows.append(("add + free, 32k prompt, prefix cached", prefix["add+free"]))
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"block_size={args.block_size}; median of repeats; times in microseconds; load average {load}")
     print(f"{'case':40} {'baseline':>10} {'impl':>10} {'speedup':>8}")
     for name, result in rows:
         for variant, seconds in result.items():

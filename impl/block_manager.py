@@ -160,8 +160,9 @@ class BlockManager:
 
     @_locked
     def preempt(self, seq_id: int, mode: str = "recompute") -> list:
-        """"recompute": release the blocks, keep the tokens (waiting). "swap": copy each block to a
-        new CPU block, release the GPU blocks (swapped). Returns the (gpu, cpu) copies."""
+        """Take a running sequence off the GPU. By "recompute": release its blocks, keep its tokens
+        (waiting). By "swap": copy each block to a new CPU block, then release the GPU blocks
+        (swapped). Returns the (gpu, cpu) copies."""
         if mode not in PREEMPT_MODES:
             raise InvalidArgument(f"preempt mode must be one of {PREEMPT_MODES}, got {mode!r}")
         row = self._running_row(seq_id)
@@ -341,6 +342,14 @@ class BlockManager:
         return list(self.seqs)
 
     @_locked
+    def cached_prefix_tokens(self, tokens: list) -> int:
+        """Prompt tokens an `add` of `tokens` would serve from the prefix cache now (a lookup
+        that changes nothing)."""
+        _check_prompt(tokens)
+        B = self.block_size
+        return len(self.cache.lookup(tokens, (len(tokens) - 1) // B, B)) * B if self.cache else 0
+
+    @_locked
     def refcount(self, block: int) -> int:
         if not (_is_int(block) and 0 <= block < self.num_blocks):
             raise InvalidArgument(f"block id {block!r} outside 0..{self.num_blocks - 1}")
@@ -445,7 +454,7 @@ class BlockManager:
         """Confirmed cache hits for a prompt and how many new blocks it needs; raises OutOfBlocks
         (nothing changed) when they are not there. Hits waiting in the LRU are not available."""
         B = self.block_size
-        hits = self.cache.lookup(tokens, (len(tokens) - 1) // B, B) if self.cache else []
+        hits = self.cache.lookup(tokens, (len(tokens) - 1) // B, B) if self.cache else []   # as above
         needed = blocks_needed(len(tokens), B) - len(hits)
         available = self.pool.num_free() - sum(1 for b in hits if self.pool.ref_count[b] == 0)
         if needed > available:

@@ -168,6 +168,7 @@ def test_hash_algorithms_hit_alike(hash_algo):
     bm = BlockManager(16, 4, prefix_caching=True, hash_algo=hash_algo)
     bm.add(1, list(range(13)))
     bm.free(1)
+    assert bm.cached_prefix_tokens(list(range(12)) + [99]) == 12
     assert bm.add(2, list(range(12)) + [99]) == 12
     assert bm.metrics()["prefix_hit_rate"] == pytest.approx(12 / 26)
     bm.check()
