@@ -102,5 +102,5 @@ class PrefixCache:
                 problems.append(f"indexed block {block} is not its content's indexed block")
         indexed = sum(c.indexed_block is not None for c in self.contents.values())
         if indexed != len(self.block_hash):
-            problems.append(f"{indexed} contents name an indexed block, {len(self.block_hash)} blocks are indexed")
+            problems.append(f"{indexed} contents name an indexed block, {len(self.block_hash)} are indexed")
         return problems

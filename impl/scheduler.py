@@ -83,7 +83,8 @@ class Scheduler:
         self.next_seq_id = 0
         self.watermark_blocks = math.ceil(config.watermark * block_manager.num_blocks)
 
-    def add_request(self, req_id, prompt: list, max_new_tokens: int, n: int = 1, eos: Optional[int] = None) -> list:
+    def add_request(self, req_id, prompt: list, max_new_tokens: int, n: int = 1,
+                    eos: Optional[int] = None) -> list:
         """Queue a request for `n` samples of `prompt`; returns their sequence ids."""
         if not (isinstance(n, int) and n >= 1 and isinstance(max_new_tokens, int) and max_new_tokens >= 1):
             raise ValueError(f"n and max_new_tokens must be ints >= 1, got {n!r}, {max_new_tokens!r}")
@@ -171,7 +172,8 @@ class Scheduler:
 
     def _swap_in(self, out: SchedulerOutput) -> None:
         # +1: the swapped-in sequence writes its pending token in this very step.
-        while self.swapped and self._room_for(1) and self._fits(len(self.bm.cpu_block_table(self.swapped[0])) + 1):
+        while self.swapped and self._room_for(1) \
+                and self._fits(len(self.bm.cpu_block_table(self.swapped[0])) + 1):
             seq_id = self.swapped.popleft()
             self.bm.swap_in(seq_id)
             self.bm.append(seq_id, self.pending.pop(seq_id))

@@ -4,7 +4,8 @@ from hypothesis.stateful import run_state_machine_as_test
 
 import pagedkv.spec.blocks as spec_blocks
 from pagedkv.fuzz import differential
-from pagedkv.fuzz.differential import DifferentialMachine, SchedulerMachine, run_differential_check, settings_for_profile
+from pagedkv.fuzz.differential import (DifferentialMachine, SchedulerMachine, run_differential_check,
+                                       settings_for_profile)
 
 
 def colliding_hash(parent_hash, block_tokens):
