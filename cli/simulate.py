@@ -125,6 +125,7 @@ def _print_table(results, cost: str, sweep_rows) -> None:
             sweep.add_column(name, justify="right")
         for row in sweep_rows:
             sweep.add_row(str(row["block_size"]), f"{row['pool_blocks']:,}", f"{row['utilization_mean']:.1%}",
-                          f"{row['tail_bound_mean']:.1%}", f"{row['tail_expected_mean']:.1%}", f"{row['waste_mib_mean']:,.1f}",
-                          f"{row['block_table_len_mean']:.1f}", str(row["preempt_recompute"] + row["preempt_swap"]))
+                          f"{row['tail_bound_mean']:.1%}", f"{row['tail_expected_mean']:.1%}",
+                          f"{row['waste_mib_mean']:,.1f}", f"{row['block_table_len_mean']:.1f}",
+                          str(row["preempt_recompute"] + row["preempt_swap"]))
         console.print(sweep)

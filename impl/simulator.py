@@ -30,10 +30,9 @@ For paged it is bounded by the partly filled tail blocks, so utilization >= 1 - 
 reserved at every step (`tail_bound`); with lengths uniform modulo B it sits near 1 - (B-1)/2 *
 sequences / reserved (`tail_expected`).
 """
-import json
 import math
 from collections import defaultdict, deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -45,7 +44,10 @@ from .scheduler import Scheduler, SchedulerConfig
 from .trace import Request
 
 ALLOCATORS = ("contiguous", "paged")
-_UNIQUE_BASE = 1 << 32          # unique token ids start here; group prefixes live below
+# Token id spaces (ids fit in int64; positions stay below 2**24): request r owns [(r+1) * 2**32,
+# (r+2) * 2**32) -- its prompt at offset 0, sample k's outputs at offset (k+1) * 2**24 -- and the
+# shared prefix of group g starts at 2**62 + g * 2**24.
+_REQUEST_SPACE, _POSITIONS, _GROUP_SPACE = 1 << 32, 1 << 24, 1 << 62
 TIMELINE = ("time", "dt", "useful", "reserved", "sequences", "waiting", "table_blocks", "table_max")
 
 
@@ -92,14 +94,14 @@ class SimConfig:
 def prompt_tokens(request_id: int, request: Request) -> list:
     """Token ids: the group's shared prefix, then ids no other request uses."""
     shared = request.prefix_len if request.prefix_group is not None else 0
-    prefix = [request.prefix_group * 65536 + i for i in range(shared)]
-    unique = (request_id + 1) * _UNIQUE_BASE
+    prefix = [_GROUP_SPACE + request.prefix_group * _POSITIONS + i for i in range(shared)]
+    unique = (request_id + 1) * _REQUEST_SPACE
     return prefix + list(range(unique + shared, unique + request.prompt_len))
 
 
 def output_token(request_id: int, sample: int, index: int) -> int:
     """A generated token: unique per sample, so samples never look alike to the prefix cache."""
-    return (request_id + 1) * _UNIQUE_BASE + (1 << 24) * (sample + 1) + index
+    return (request_id + 1) * _REQUEST_SPACE + (sample + 1) * _POSITIONS + index
 
 
 # ------------------------------------------------------------------------- one step's outcome
