@@ -3,7 +3,8 @@
 Each example builds a `BlockManager` and a real cache (`PagedCache`: K and V [N, B, Hkv, D] plus a
 CPU swap pool, NaN wherever no valid token is held) and runs a program of adds (with shared
 prefixes, so prefix-cache hits happen), appends, forks, frees, preemptions (recompute and swap),
-resumes and batched steps. After every operation it does what an engine does: the copies the
+resumes and batched steps, or (with `scheduled`) lets a `Scheduler` drive the manager through
+requests and engine steps. After every operation it does what an engine does: the copies the
 manager queued (`take_copies`: swap out, swap in, then copy-on-write through `copy_blocks`), NaN
 into every block that went back to the free queue, and `write_kv` of fresh K/V for the tokens the
 operation computed at the manager's `slot_mapping` (for a prefix-cache hit only the uncached ones).
@@ -31,6 +32,7 @@ from hypothesis.control import current_build_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
 from pagedkv.impl.block_manager import BlockManager
+from pagedkv.impl.scheduler import Scheduler, SchedulerConfig
 from pagedkv.kernels import copy_blocks, write_kv
 from pagedkv.spec import PagedKVError
 
@@ -42,10 +44,10 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 #: The smallest GQA shape worth having: one KV head shared by a group of 3 (not a power of two).
 HEADS = Heads(num_kv_heads=1, group=3, head_dim=16)
 #: Each kernel launch costs tens of milliseconds per program under the interpreter: fewer, shorter runs.
-KERNEL_EFFORT = {"ci": Effort(max_examples=6, stateful_step_count=20),
+KERNEL_EFFORT = {"ci": Effort(max_examples=8, stateful_step_count=30),
                  "dev": Effort(max_examples=40, stateful_step_count=30),
                  "deep": Effort(max_examples=400, stateful_step_count=60)}
-PATHS = ("cache_hit", "cow", "swap", "recompute", "resume", "step_preempt")
+PATHS = ("cache_hit", "cow", "swap", "recompute", "resume", "step_preempt", "scheduler_step")
 SHARED_PREFIXES = ((), (1, 2, 3, 4, 5, 6, 7, 8), (1, 2, 3, 4, 9, 9, 9, 9), (5, 5, 5, 5, 5, 5))
 tokens_st = st.integers(min_value=0, max_value=9)
 
@@ -66,6 +68,11 @@ class Limits:
             "prefix_caching": st.booleans(),
             "kv_seed": st.integers(0, 2 ** 32 - 1),
         })
+
+    def scheduler_configs(self):
+        """The cost model picks swap for cheap KV (small kv_bytes_per_token), recompute for dear."""
+        return st.builds(SchedulerConfig, max_num_seqs=st.integers(1, 8), watermark=st.sampled_from([0.0, 0.1]),
+                         kv_bytes_per_token=st.sampled_from([1024, 10 ** 7]))
 
     def prompts(self):
         return st.builds(lambda prefix, suffix: list(prefix) + suffix, st.sampled_from(SHARED_PREFIXES),
@@ -122,10 +129,11 @@ def free_blocks(bm) -> tuple[list, list]:
 
 
 class KernelMachine(RuleBasedStateMachine):
-    """`manager_factory`, `limits`, `heads`, `run_kernels`, `record` (a callable taking each checked
-    batch's case, or None), `tally` and `failures` are set per run by subclassing."""
+    """`manager_factory`, `scheduled`, `limits`, `heads`, `run_kernels`, `record` (a callable taking
+    each checked batch's case, or None), `tally` and `failures` are set per run by subclassing."""
 
     manager_factory = BlockManager
+    scheduled = False
     limits = Limits()
     heads = HEADS
     run_kernels = True
@@ -138,6 +146,10 @@ class KernelMachine(RuleBasedStateMachine):
         config = data.draw(self.limits.configs(), label="config")
         self.kv_seed = config.pop("kv_seed")
         self.bm = self.manager_factory(**config, device=DEVICE)
+        self.scheduler = (Scheduler(self.bm, data.draw(self.limits.scheduler_configs(), label="scheduler"))
+                          if self.scheduled else None)
+        self.prompts = {}   # scheduled only: seq id -> prompt until admitted; then sampled, unwritten tokens
+        self.sampled = {}
         self.cache = PagedCache(config["num_blocks"], config["block_size"], config["num_cpu_blocks"],
                                 self.heads, self.kv_seed)
         self.tokens = {}    # seq id -> its tokens as this test gave them (never read from the manager)
@@ -162,16 +174,20 @@ class KernelMachine(RuleBasedStateMachine):
         self.changed = True
         return True, result
 
-    def compute(self, seq_ids: list, counts: list) -> None:
-        """Write K/V for the last `counts[i]` tokens of each sequence where the manager puts them."""
+    def compute(self, seq_ids: list, counts: list, slots=None) -> None:
+        """Write K/V for the last `counts[i]` tokens of each sequence at `slots` (by default, where
+        the manager's `slot_mapping` puts them)."""
         keys = [key for s, n in zip(seq_ids, counts) for key in prefix_keys(self.tokens[s])[len(self.tokens[s]) - n:]]
         if keys:
-            self.cache.write(self.bm.slot_mapping(seq_ids, counts), keys)
+            self.cache.write(self.bm.slot_mapping(seq_ids, counts) if slots is None else slots, keys)
 
     def note(self, path: str, taken) -> None:
         if taken:
             self.tally[path] += 1
             event(f"path: {path}")
+
+    def by_hand(self) -> bool:
+        return self.scheduler is None
 
     def running(self) -> list:
         return [s for s in self.tokens if self.bm.status(s) == "running"]
@@ -181,18 +197,19 @@ class KernelMachine(RuleBasedStateMachine):
 
     # -------------------------------------------------------------- operations
 
+    @precondition(lambda self: self.by_hand())
     @rule(data=st.data())
     def add(self, data):
         prompt = data.draw(self.limits.prompts(), label="prompt")
         self.next_id += 1
         ok, cached = self.attempt("add", self.next_id, prompt)
         if ok:
-            self.tokens[self.next_id] = prompt
+            self.tokens[self.next_id] = list(prompt)
             self.compute([self.next_id], [len(prompt) - cached])
             self.prefill[self.next_id] = len(prompt) - cached
             self.note("cache_hit", cached)
 
-    @precondition(lambda self: self.running())
+    @precondition(lambda self: self.by_hand() and self.running())
     @rule(data=st.data(), token=tokens_st)
     def append(self, data, token):
         self.append_to(data.draw(st.sampled_from(self.running()), label="seq"), token)
@@ -204,7 +221,7 @@ class KernelMachine(RuleBasedStateMachine):
             self.compute([seq_id], [1])
             self.note("cow", copies)
 
-    @precondition(lambda self: self.running())
+    @precondition(lambda self: self.by_hand() and self.running())
     @rule(data=st.data(), diverge=st.none() | st.tuples(tokens_st, tokens_st))
     def fork(self, data, diverge):
         """Fork a running sequence; with `diverge`, parent and child each decode a token at once
@@ -218,7 +235,7 @@ class KernelMachine(RuleBasedStateMachine):
                 self.append_to(parent, diverge[0])
                 self.append_to(self.next_id, diverge[1])
 
-    @precondition(lambda self: self.tokens)
+    @precondition(lambda self: self.by_hand() and self.tokens)
     @rule(data=st.data())
     def free(self, data):
         seq_id = data.draw(st.sampled_from(sorted(self.tokens)), label="seq")
@@ -227,13 +244,13 @@ class KernelMachine(RuleBasedStateMachine):
             del self.tokens[seq_id]
             self.prefill.pop(seq_id, None)
 
-    @precondition(lambda self: self.running())
+    @precondition(lambda self: self.by_hand() and self.running())
     @rule(data=st.data(), mode=st.sampled_from(["recompute", "swap"]))
     def preempt(self, data, mode):
         ok, _ = self.attempt("preempt", data.draw(st.sampled_from(self.running()), label="seq"), mode)
         self.note("swap" if mode == "swap" else "recompute", ok)
 
-    @precondition(lambda self: self.paused())
+    @precondition(lambda self: self.by_hand() and self.paused())
     @rule(data=st.data())
     def resume(self, data):
         """Recompute: the uncached tokens are computed again. Swap: the blocks come back by copy,
@@ -247,7 +264,7 @@ class KernelMachine(RuleBasedStateMachine):
             self.prefill[seq_id] = len(self.tokens[seq_id]) if swapped else computed
             self.note("resume", True)
 
-    @precondition(lambda self: self.running())
+    @precondition(lambda self: self.by_hand() and self.running())
     @rule(data=st.data())
     def step(self, data):
         batch = data.draw(st.lists(st.sampled_from(self.running()), min_size=1, unique=True), label="batch")
@@ -259,6 +276,56 @@ class KernelMachine(RuleBasedStateMachine):
         self.compute(result.appended, [1] * len(result.appended))
         self.note("step_preempt", result.preempted)
         self.note("cow", result.copies)
+
+    # -------------------------------------------------------------- the scheduler drives
+
+    @precondition(lambda self: self.scheduler)
+    @rule(data=st.data(), n=st.integers(1, 3), max_new_tokens=st.integers(1, 16))
+    def request(self, data, n, max_new_tokens):
+        prompt = data.draw(self.limits.prompts(), label="prompt")
+        self.next_id += 1
+        for seq_id in self.scheduler.add_request(self.next_id, prompt, max_new_tokens, n):
+            self.prompts[seq_id] = prompt
+
+    @precondition(lambda self: self.scheduler and self.scheduler.has_unfinished())
+    @rule(data=st.data())
+    def engine_step(self, data):
+        """One engine step: schedule, copy, write K/V at the scheduler's slot mapping, sample a
+        token for every sequence that ran (forked children sample from their parent's logits)."""
+        self.tally["steps"] += 1
+        out = self.scheduler.schedule()
+        for prefill in out.prefills:   # a new admission, or a recompute victim re-prefilled with its pending token
+            seq_id = prefill.seq_id
+            if seq_id in self.tokens:
+                self.tokens[seq_id].append(self.sampled.pop(seq_id))
+                self.note("resume", True)
+            else:
+                self.tokens[seq_id] = list(self.prompts.pop(seq_id))
+            self.prefill[seq_id] = prefill.num_computed_tokens
+            self.note("cache_hit", prefill.num_cached_tokens)
+        for child, parent in out.forked.items():
+            self.tokens[child] = list(self.tokens[parent])
+            del self.prompts[child]
+        for seq_id in out.decodes:
+            self.tokens[seq_id].append(self.sampled.pop(seq_id))
+        self.prefill.update({seq_id: len(self.tokens[seq_id]) for seq_id in out.swapped_in})
+        self.cache.perform(out.copies)
+        self.compute(out.seq_ids, [p.num_computed_tokens for p in out.prefills] + [1] * len(out.decodes),
+                     out.slot_mapping)
+        ran = out.seq_ids + list(out.forked)
+        sampled = {seq_id: data.draw(tokens_st, label="sampled") for seq_id in ran}
+        finished = self.scheduler.update(sampled)
+        for seq_id in finished:
+            del self.tokens[seq_id]
+        self.sampled.update((s, t) for s, t in sampled.items() if s not in finished)
+        self.cache.poison(*free_blocks(self.bm))
+        self.changed = bool(ran or out.preempted or out.swapped_out)
+        self.note("scheduler_step", ran)
+        self.note("step_preempt", out.preempted or out.swapped_out)
+        self.note("swap", out.swapped_out)
+        self.note("recompute", out.preempted)
+        self.note("resume", out.swapped_in)
+        self.note("cow", len(out.copies.cow))
 
     # -------------------------------------------------------------- checks
 
@@ -352,9 +419,9 @@ def run_kernel_machine(profile: str, *, failures_path=None, seed=None, settings=
 
 
 def run_kernel_state_check(profile: str) -> dict:
-    """The `pagedkv check` entry: the machine passes and reaches every path."""
+    """The `pagedkv check` entry: the machine passes, by hand and scheduled, and reaches every path."""
     try:
-        tally = run_kernel_machine(profile)
+        tally = run_kernel_machine(profile) + run_kernel_machine(profile, scheduled=True)
     except Exception as error:  # the machine's failure, already shrunk and saved
         return {"name": "kernel-state", "covered": "-", "passed": False,
                 "detail": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"}
@@ -371,8 +438,8 @@ def run_kernel_state_check(profile: str) -> dict:
 
 def generate_cases(count: int, *, seed: int, limits: Limits = Limits(), heads: Heads = HEADS,
                    run_kernels: bool = False, failures_path=None) -> list:
-    """`count` cases sampled uniformly (seeded) from every batch the machine checks in a run seeded
-    by `seed`, long enough to see about four times that many batches."""
+    """`count` cases sampled uniformly (seeded) from every batch the machine checks in two runs (by
+    hand and scheduled) seeded by `seed`, together long enough to see about four times that many."""
     rng, seen, cases = random.Random(seed), [0], []
 
     def record(case):
@@ -383,8 +450,9 @@ def generate_cases(count: int, *, seed: int, limits: Limits = Limits(), heads: H
             cases[slot] = case
 
     steps = EFFORT["dev"].stateful_step_count
-    settings = settings_for("dev", max_examples=max(2, -(-4 * count // steps)), stateful_step_count=steps,
+    settings = settings_for("dev", max_examples=max(2, -(-2 * count // steps)), stateful_step_count=steps,
                             database=None)
-    run_kernel_machine("dev", failures_path=failures_path, seed=seed, settings=settings, limits=limits,
-                       heads=heads, run_kernels=run_kernels, record=staticmethod(record))
+    for scheduled in (False, True):
+        run_kernel_machine("dev", failures_path=failures_path, seed=seed, settings=settings, scheduled=scheduled,
+                           limits=limits, heads=heads, run_kernels=run_kernels, record=staticmethod(record))
     return cases
