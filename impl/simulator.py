@@ -268,17 +268,22 @@ class PagedBackend(_Backend):
         return step
 
     def _admission_refused(self) -> bool:
-        """The queue head waits for blocks (not for a free sequence slot)."""
-        sched = self.scheduler
+        """A queue head the scheduler would place next waits for blocks, not for a sequence slot.
+        (The Scheduler reports no refusals, so its admission test is restated from its public state:
+        swapped heads need their blocks + 1, recompute victims blocks for length + 1, new requests
+        their prompt's blocks, all above the watermark; new requests wait while victims do.)"""
+        sched, B = self.scheduler, self.cfg.block_size
+        heads = []   # (sequences, blocks)
+        if sched.swapped:
+            heads.append((1, len(self.bm.cpu_block_table(sched.swapped[0])) + 1))
         if sched.preempted:
-            seq_id, n = sched.preempted[0], 1
-            blocks = blocks_needed(self.bm.length(seq_id) + 1, self.cfg.block_size)
+            heads.append((1, blocks_needed(self.bm.length(sched.preempted[0]) + 1, B)))
         elif sched.waiting:
             head = sched.waiting[0]
-            n, blocks = len(head.seq_ids), blocks_needed(len(head.prompt), self.cfg.block_size)
-        else:
-            return False
-        return sched._room_for(n) and not sched._fits(blocks)
+            heads.append((len(head.seq_ids), blocks_needed(len(head.prompt), B)))
+        free = self.bm.num_free_blocks() - sched.watermark_blocks
+        room = sched.config.max_num_seqs - len(sched.running)
+        return any(n <= room and blocks > free for n, blocks in heads)
 
     def _occupancy(self) -> Occupancy:
         """Useful slots count each physical block once, however many tables share it."""
@@ -326,7 +331,9 @@ class SimResult:
         util_steps = useful[busy] / reserved[busy]
         waste = (reserved - useful) * self.config.bytes_per_token / MiB
         seqs = t["sequences"]
-        tail_slots = (self.config.block_size - 1) * seqs[busy] / reserved[busy]   # worst case, per slot
+        # Worst-case tail waste per reserved slot: B-1 empty slots per sequence.
+        worst = float(np.average((self.config.block_size - 1) * seqs[busy] / reserved[busy], weights=weights)
+                      ) if busy.any() else 0.0
         return {
             "allocator": self.config.allocator,
             "block_size": self.config.block_size,
@@ -338,10 +345,10 @@ class SimResult:
             "steps": int(len(dt)),
             "utilization_mean": _ratio((useful * dt).sum(), (reserved * dt).sum()),
             "utilization_min": float(util_steps.min()) if busy.any() else 0.0,
-            # Paged only (contiguous waste is not tail-bounded): the worst case, B-1 empty slots per
-            # sequence, and the expectation when lengths are uniform modulo B, (B-1)/2.
-            "tail_bound_mean": self._paged(1 - np.average(tail_slots, weights=weights)) if busy.any() else 0.0,
-            "tail_expected_mean": self._paged(1 - np.average(tail_slots / 2, weights=weights)) if busy.any() else 0.0,
+            # Paged only (contiguous waste is not tail-bounded): the worst case, and the expectation
+            # when lengths are uniform modulo B, (B-1)/2 empty slots per sequence.
+            "tail_bound_mean": self._paged(1 - worst),
+            "tail_expected_mean": self._paged(1 - worst / 2),
             "waste_mib_mean": _ratio((waste * dt).sum(), dt.sum()),
             "waste_mib_peak": float(waste.max(initial=0)),
             "pool_occupancy_mean": _ratio((reserved * dt).sum(), dt.sum() * self.config.capacity_slots),
@@ -353,7 +360,6 @@ class SimResult:
             "itl_p50_s": _pct(self.itl, 50), "itl_p99_s": _pct(self.itl, 99),
             **self.counters,
         }
-
 
     def _paged(self, value):
         return float(value) if self.config.allocator == "paged" else None

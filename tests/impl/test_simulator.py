@@ -166,6 +166,20 @@ def test_parallel_samples_fork_and_copy_on_write_by_hand():
     assert len(r.itl) == 4 * 2
 
 
+@pytest.mark.parametrize("swap_blocks, mode", [(0, "recompute"), (16, "swap")])
+def test_paged_preempts_and_resumes_under_pressure(swap_blocks, mode):
+    # Three sequences grow to 11 tokens = 3 blocks each in an 8-block pool: someone must give way.
+    # With host room, swapping 3 blocks at this bandwidth is cheaper than re-prefilling 8+ tokens.
+    reqs = [Request(0.0, 4, 8) for _ in range(3)]
+    cfg = config("paged", num_blocks=8, num_cpu_blocks=swap_blocks, cost=sim.CostModel(swap_bytes_per_s=1e15))
+    r = sim.simulate(reqs, cfg)
+    s = r.summary()
+    assert s[f"preempt_{mode}"] >= 1 and s["oom_events"] >= 1
+    assert s["preempt_recompute" if mode == "swap" else "preempt_swap"] == 0
+    assert len(r.ttft) == 3 and len(r.itl) == 3 * 7   # everyone finished all 8 tokens
+    assert max(r.timeline["reserved"]) <= 8 * 4
+
+
 # ------------------------------------------------------------------ CLI
 
 def test_cli_smoke_writes_files(tmp_path):
