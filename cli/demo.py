@@ -5,7 +5,7 @@ import click
 
 
 @click.command()
-@click.option("--new-tokens", type=int, default=8, show_default=True, help="Tokens each sequence generates.")
+@click.option("--new-tokens", type=int, default=6, show_default=True, help="Tokens each sequence generates.")
 @click.option("--only", multiple=True, help="Run only the named scenario(s).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 def demo(new_tokens, only, as_json):
@@ -39,7 +39,7 @@ def _print_table(rows, cfg) -> None:
                         f"query/KV heads, head_dim {cfg.head_dim}, float32, block size 16)")
     for column in ("scenario", "seqs", "tokens", "match", "max |dlogit|", "preempt rec/swap", "cached tok",
                    "COW", "s"):
-        table.add_column(column, justify="right")
+        table.add_column(column, justify="right", no_wrap=True)
     for r in rows:
         table.add_row(r["scenario"], str(r["sequences"]), str(r["tokens"]),
                       "[green]yes[/green]" if r["passed"] else "[red]NO[/red]", f"{r['max_logit_diff']:.1e}",
