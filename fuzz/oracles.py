@@ -1,0 +1,26 @@
+"""The conformance oracles: each check the harness makes has a name, reported when it fires."""
+
+#: name -> what it demands of a subject. Order is documentation order, not check order.
+ORACLES = {
+    "readback": "every live sequence reads back its own tokens, each after its own prefix, through its table",
+    "block_range": "block ids are in range and no id repeats within one table",
+    "free_count": "num_free_blocks() == num_blocks - |union of live tables| (evictable cached blocks count as free)",
+    "oom_exact": "OutOfBlocks is raised exactly when the blocks the operation needs are not available",
+    "atomic_failure": "an operation that raised changed nothing observable (tables, free count)",
+    "id_errors": "unknown ids raise UnknownSequence, duplicate ids raise DuplicateSequence, and only then",
+    "state_errors": "InvalidState is raised exactly when the sequence's status forbids the operation",
+    "cache_hit": "add() reports as many cached prompt tokens as the spec serves from its prefix cache",
+    "cow_exact": "append() returns one copy exactly when it writes into a shared, partly filled tail",
+    "table_shape": "a running sequence of n tokens holds ceil(n / block_size) blocks",
+    "crash": "the subject raises nothing but pagedkv errors",
+}
+
+
+class OracleFailure(AssertionError):
+    """A named oracle fired. `report` holds the program so far and the state around the failure."""
+
+    def __init__(self, oracle: str, message: str, report: dict):
+        super().__init__(f"[{oracle}] {message}")
+        self.oracle = oracle
+        self.message = message
+        self.report = report
