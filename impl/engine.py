@@ -40,10 +40,9 @@ class Generation:
 class Engine:
     def __init__(self, model: TinyTransformer, *, num_blocks: int, block_size: int, num_cpu_blocks: int = 0,
                  prefix_caching: bool = False, scheduler_config: SchedulerConfig = None):
-        cfg = model.cfg
         self.bm = BlockManager(num_blocks, block_size, num_cpu_blocks=num_cpu_blocks, prefix_caching=prefix_caching)
-        kv_bytes = 2 * cfg.layers * cfg.kv_heads * cfg.head_dim * 4   # float32 K and V
-        self.scheduler = Scheduler(self.bm, scheduler_config or SchedulerConfig(kv_bytes_per_token=kv_bytes))
+        self.scheduler = Scheduler(self.bm, scheduler_config or SchedulerConfig(
+            kv_bytes_per_token=model.cfg.kv_bytes_per_token))
         self.runner = PagedRunner(model, num_blocks, block_size, num_cpu_blocks)
         self.outputs: dict = {}    # seq id -> Generation
 
@@ -111,11 +110,10 @@ def _scenario(name: str, model: TinyTransformer):
                         [(shared + _prompt(rng, n, vocab), 1) for n in (1, 9)]], {"cached_tokens": 2 * 2 * BLOCK_SIZE}
     # Preemption: three sequences cross a block boundary mid-generation in a 5-block pool. A free
     # re-prefill makes recompute the cheaper mode, a free link makes swap the cheaper one.
-    kv_bytes = 2 * model.cfg.layers * model.cfg.kv_heads * model.cfg.head_dim * 4
     costs = {"preempt-recompute": dict(prefill_tokens_per_s=1e15), "preempt-swap": dict(swap_bytes_per_s=1e18)}
     shows = {"preempt-recompute": {"preempt_recompute": 1}, "preempt-swap": {"preempt_swap": 1, "swap_ins": 1}}
     engine = Engine(model, num_blocks=5, block_size=BLOCK_SIZE, num_cpu_blocks=8,
-                    scheduler_config=SchedulerConfig(kv_bytes_per_token=kv_bytes, **costs[name]))
+                    scheduler_config=SchedulerConfig(kv_bytes_per_token=model.cfg.kv_bytes_per_token, **costs[name]))
     return engine, [[(_prompt(rng, n, vocab), 1) for n in (14, 15, 16)]], shows[name]
 
 

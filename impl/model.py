@@ -24,6 +24,12 @@ class ModelConfig:
     seed: int = 0
 
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token over all layers, float32: what a swap moves per token."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * 4
+
+
 class TinyTransformer:
     def __init__(self, cfg: ModelConfig = ModelConfig()):
         self.cfg = cfg
