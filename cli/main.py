@@ -23,5 +23,8 @@ def _register():
     main.add_command(simulate.simulate)
     main.add_command(demo.demo)
 
+    from pagedkv.cli import fuzz
+    main.add_command(fuzz.fuzz)
+
 
 _register()
