@@ -1,0 +1,125 @@
+"""The obligation registry and runner behind `pagedkv prove` and `pagedkv check`.
+
+A profile names the bounds of each kind of obligation. `obligations(profile)` lists them as tasks
+(a function name and its arguments), so the runner can spread them over worker processes: Z3 terms
+are built inside the worker that solves them.
+"""
+import multiprocessing
+import os
+import time
+from dataclasses import asdict, dataclass
+
+from . import contracts
+from .encoding import Bounds, Machine
+from .obligations import (CASES, WRITING_OPS, ObligationResult, atomicity, bmc, cases_cover, exclusivity,
+                          induction, initiation, step_composition, step_unrolling, witnesses)
+from .ops import OPS
+
+__all__ = ["ObligationResult", "PROFILES", "run_proofs", "run_proof_check", "obligations"]
+
+
+@dataclass(frozen=True)
+class Profile:
+    induction: tuple            # Bounds for initiation, induction, atomicity, exclusivity
+    bmc: Bounds
+    bmc_depth: int
+    solver_timeout_s: float
+    crosshair_per_condition_s: float
+    crosshair_timeout_s: float
+
+
+# Smallest bounds where a pool runs out (N=4 blocks, prompts of up to T*B=6 tokens), a block is
+# shared by three tables (S=3) and a cached block is evicted (prefix caching on); C=2 CPU blocks
+# so a swap can fail for want of CPU blocks.
+CI_BOUNDS = Bounds(num_blocks=4, block_size=2, max_seqs=3, max_blocks_per_seq=3, num_cpu_blocks=2)
+
+PROFILES = {
+    "ci": Profile(induction=(CI_BOUNDS,), bmc=CI_BOUNDS, bmc_depth=6, solver_timeout_s=120,
+                  crosshair_per_condition_s=2, crosshair_timeout_s=90),
+    "deep": Profile(induction=(Bounds(5, 2, 4, 3, 3), Bounds(4, 3, 3, 2, 2), Bounds(4, 2, 3, 3, 2, prefix_caching=False)),
+                    bmc=Bounds(5, 2, 3, 3, 2), bmc_depth=8, solver_timeout_s=900,
+                    crosshair_per_condition_s=20, crosshair_timeout_s=900),
+}
+
+MULTI_CASE_OPS = sorted({c.op for c in CASES if sum(d.op == c.op for d in CASES) > 1})
+
+
+def obligations(profile: str) -> list:
+    """Tasks: (function name, args). Each task returns a list of ObligationResult."""
+    p = PROFILES[profile]
+    tasks = []
+    for b in p.induction:
+        tasks.append(("initiation", (b,)))
+        tasks += [("induction", (b, case.name, p.solver_timeout_s)) for case in CASES]
+        tasks += [("step_composition", (b, p.solver_timeout_s)), ("step_unrolling", (b, p.solver_timeout_s))]
+        tasks += [("cases_cover", (b, op, p.solver_timeout_s)) for op in MULTI_CASE_OPS]
+        tasks += [("atomicity", (b, op, p.solver_timeout_s)) for op in OPS]
+        tasks += [("exclusivity", (b, op, p.solver_timeout_s)) for op in WRITING_OPS]
+    tasks += [("bmc", (p.bmc, p.bmc_depth, p.solver_timeout_s * 3)),
+              ("witnesses", (p.bmc, p.bmc_depth, p.solver_timeout_s * 3))]
+    tasks += [("crosshair_check", (target, p.crosshair_per_condition_s, p.crosshair_timeout_s))
+              for target in contracts.CHECK_TARGETS[profile]]
+    tasks += [("diffbehavior", (helper, p.crosshair_per_condition_s, p.crosshair_timeout_s))
+              for helper in contracts.TWINS]
+    return tasks
+
+
+def _crosshair_result(name, kind, bounds, run) -> list:
+    started = time.perf_counter()
+    outcome = run()
+    return [ObligationResult(name, kind, bounds, outcome.passed, round(time.perf_counter() - started, 2),
+                             outcome.detail)]
+
+
+TASKS = {
+    "initiation": initiation,
+    "induction": lambda b, case, t: induction(Machine(b), next(c for c in CASES if c.name == case), t),
+    "step_composition": lambda b, t: [step_composition(Machine(b), t)],
+    "step_unrolling": lambda b, t: [step_unrolling(Machine(b), t)],
+    "cases_cover": lambda b, op, t: [cases_cover(Machine(b), op, t)],
+    "atomicity": lambda b, op, t: [atomicity(Machine(b), op, t)],
+    "exclusivity": lambda b, op, t: [exclusivity(Machine(b), op, t)],
+    "bmc": lambda b, k, t: bmc(Machine(b), k, t),
+    "witnesses": lambda b, k, t: witnesses(Machine(b), k, t),
+    "crosshair_check": lambda target, per, t: _crosshair_result(
+        f"contract: crosshair check spec/{target}", "contract", f"per condition {per}s",
+        lambda: contracts.check_contracts(target, per, t)),
+    "diffbehavior": lambda helper, per, t: _crosshair_result(
+        f"diffbehavior: spec.blocks.{helper} vs {contracts.TWINS[helper]}", "diffbehavior",
+        f"per condition {per}s, inside the spec's pre:", lambda: contracts.diff_behavior(helper, per, t)),
+}
+
+
+def _run_task(task) -> list:
+    name, args = task
+    try:
+        return TASKS[name](*args)
+    except Exception as error:  # a crashing obligation is a failed one, reported with its cause
+        return [ObligationResult(f"{name}{args!r}", "error", "-", False, 0.0, f"{type(error).__name__}: {error}")]
+
+
+def run_proofs(profile: str = "ci", workers: int = 0) -> list:
+    """Run every obligation of the profile; `workers` processes (0: one per CPU core)."""
+    tasks = obligations(profile)
+    workers = workers or os.cpu_count() or 1
+    # The slowest tasks first, so the pool's tail stays short.
+    order = sorted(range(len(tasks)), key=lambda i: tasks[i][0] not in ("bmc", "witnesses", "crosshair_check"))
+    if workers == 1:
+        done = {i: _run_task(tasks[i]) for i in order}
+    else:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            done = dict(zip(order, pool.map(_run_task, [tasks[i] for i in order], chunksize=1)))
+    return [result for i in range(len(tasks)) for result in done[i]]
+
+
+def run_proof_check(profile: str) -> dict:
+    """The `pagedkv check` entry: the proofs as one check row."""
+    results = run_proofs("deep" if profile == "deep" else "ci")
+    failed = [r for r in results if not r.passed]
+    detail = "; ".join(f"{r.name}: {r.detail.splitlines()[0] if r.detail else 'failed'}" for r in failed[:5])
+    return {"name": "proofs", "covered": f"{len(results)} obligations", "passed": not failed,
+            "detail": detail or f"all {len(results)} obligations hold"}
+
+
+def as_json(results: list) -> list:
+    return [asdict(r) for r in results]
