@@ -16,6 +16,7 @@ CHECKS = [
     ("kernels", "pagedkv.kernels.check:run_kernel_check"),
     ("kernel-state", "pagedkv.fuzz.kernel_machine:run_kernel_state_check"),
     ("engine", "pagedkv.impl.engine:run_engine_check"),
+    ("conformance", "pagedkv.fuzz.campaign:run_conformance_check"),
 ]
 
 
