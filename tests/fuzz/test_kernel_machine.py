@@ -8,13 +8,14 @@ from hypothesis import HealthCheck, Phase, settings
 
 from pagedkv.fuzz import kernel_corpus
 from pagedkv.fuzz.kernel_corpus import read_corpus, replay_case
-from pagedkv.fuzz.kernel_machine import PATHS, run_kernel_machine, run_kernel_state_check
+from pagedkv.fuzz.kernel_machine import PATHS, Limits, run_kernel_machine, run_kernel_state_check
 from pagedkv.impl.block_manager import BlockManager, Copies
 from pagedkv.kernels import paged_decode
 
 QUICK = settings(max_examples=30, stateful_step_count=15, deadline=None, database=None, derandomize=True,
                  phases=[Phase.generate, Phase.shrink], report_multiple_bugs=False,
                  suppress_health_check=list(HealthCheck))
+SMALL = Limits(max_blocks=8, max_block_size=4, max_prompt=3)   # shrinks fast
 
 
 class SwappedTable(BlockManager):
@@ -45,7 +46,7 @@ def test_ci_profile_passes_and_reaches_every_path():
 def test_planted_allocator_bug_is_caught_and_saved(planted, symptom, tmp_path):
     failures = tmp_path / "failures.jsonl"
     with pytest.raises(AssertionError, match=symptom):
-        run_kernel_machine("ci", settings=QUICK, failures_path=failures, manager_factory=planted,
+        run_kernel_machine("ci", settings=QUICK, limits=SMALL, failures_path=failures, manager_factory=planted,
                            run_kernels=False)
     _, cases = read_corpus(failures)
     assert cases, "the shrunk failure was not saved"
@@ -59,4 +60,4 @@ def test_planted_kernel_bug_is_caught(monkeypatch):
 
     monkeypatch.setattr(kernel_corpus, "paged_decode", forgets_last_key)
     with pytest.raises(AssertionError, match="decode batch .* err"):
-        run_kernel_machine("ci", settings=QUICK, failures_path=None)
+        run_kernel_machine("ci", settings=QUICK, limits=SMALL, failures_path=None)
