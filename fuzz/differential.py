@@ -146,7 +146,10 @@ class DifferentialMachine(TalliedMachine):
     @precondition(lambda self: self.ids(RUNNING.__eq__))
     @rule(data=st.data(), token=tokens_st)
     def append(self, data, token):
-        ok, spec_copies, impl_copies = self.both("append", self.pick(data, RUNNING.__eq__), token)
+        self.write(self.pick(data, RUNNING.__eq__), token)
+
+    def write(self, seq_id, token):
+        ok, spec_copies, impl_copies = self.both("append", seq_id, token)
         if ok:
             self.match_copies(spec_copies, impl_copies, self.gpu, self.gpu)
             if spec_copies:
@@ -156,6 +159,14 @@ class DifferentialMachine(TalliedMachine):
     @rule(data=st.data())
     def fork(self, data):
         self.both("fork", self.pick(data, RUNNING.__eq__), self.fresh())
+
+    @precondition(lambda self: self.ids(RUNNING.__eq__))
+    @rule(data=st.data(), token=tokens_st)
+    def fork_and_write(self, data, token):
+        """A sampled sibling writes at once: copy-on-write when the shared tail is partly full."""
+        child = self.fresh()
+        if self.both("fork", self.pick(data, RUNNING.__eq__), child)[0]:
+            self.write(child, token)
 
     @precondition(lambda self: self.ids())
     @rule(data=st.data())
