@@ -2,6 +2,7 @@
 reproducible from its seed, is versioned, and a corrupted case fails the replay."""
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -13,6 +14,9 @@ from pagedkv.cli.main import main
 from pagedkv.fuzz.kernel_corpus import (FORMAT, REPLAY_MODULE, CorpusFormatError, read_corpus, replay_case,
                                         save_failures)
 from pagedkv.fuzz.kernel_machine import generate_cases
+
+#: Failures found once (on a GPU runner or here), committed so they are replayed forever.
+COMMITTED_FAILURES = pathlib.Path(__file__).parent / "kernel_failures.jsonl"
 
 
 def generate(out, *args):
@@ -70,3 +74,10 @@ def test_saved_failures_are_kept_once_and_replayed_with_the_corpus(tmp_path):
     generate(out, "--save-failures", str(failures))
     _, replayed = read_corpus(out / "failures.jsonl")
     assert [c["id"] for c in replayed] == [saved[0]["id"]]
+
+
+@pytest.mark.parametrize("case", read_corpus(COMMITTED_FAILURES)[1] if COMMITTED_FAILURES.exists() else [],
+                         ids=lambda case: case["id"])
+def test_committed_failures_replay_green(case):
+    ok, detail = replay_case(case, "cpu", torch.float32)
+    assert ok, detail
