@@ -51,9 +51,10 @@ class _Seq:
 
 
 class Copies(NamedTuple):
-    """Pending block copies as int64 [P, 2] (src, dst) tensors. Perform them in field order:
-    swap-outs read GPU blocks before anything reuses them, swap-ins fill blocks a copy-on-write
-    may read, copy-on-writes (GPU to GPU, `copy_blocks`) last."""
+    """Pending block copies as int64 [P, 2] (src, dst) tensors, drained once per engine step and
+    performed in field order, before the step's KV writes. Swap-outs go first: a block a victim
+    released may be taken again in the same step (a copy-on-write target, a new tail). Swap-ins
+    and copy-on-writes within one step touch disjoint blocks (both only blocks that stay live)."""
 
     swap_out: torch.Tensor   # (gpu, cpu)
     swap_in: torch.Tensor    # (cpu, gpu)
