@@ -308,3 +308,23 @@ def test_free_everything_returns_the_pools():
     assert bm.num_free_blocks() == bm.num_blocks
     assert all(bm.refcount(b) == 0 for b in range(bm.num_blocks))
     bm.check()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_tensors_equal_the_cpu_ones():
+    on_gpu, on_cpu = (BlockManager(32, 4, num_cpu_blocks=8, device=d, max_seqs=2, max_blocks_per_seq=1)
+                      for d in ("cuda", "cpu"))
+    for bm in (on_gpu, on_cpu):
+        bm.add(1, list(range(10)))
+        bm.fork(1, 2)
+        bm.append_batch([2, 1], [7, 8])
+        bm.swap_out(2)
+        bm.swap_in(2)
+        bm.add(3, [5] * 9)
+    ids = [3, 1, 2]
+    for query in ("block_tables", "seq_lens", "slot_mapping"):
+        gpu, cpu = getattr(on_gpu, query)(ids), getattr(on_cpu, query)(ids)
+        assert gpu.device.type == "cuda" and torch.equal(gpu.cpu(), cpu), query
+    for gpu, cpu in zip(on_gpu.take_copies(), on_cpu.take_copies()):
+        assert gpu.device.type == "cuda" and torch.equal(gpu.cpu(), cpu)
