@@ -147,8 +147,8 @@ class Scheduler:
                 self.bm.preempt(victim, "recompute")
                 self.preempted.appendleft(victim)
                 out.preempted.append(victim)
-            if victim in batch:
-                batch.remove(victim)
+            if batch[-1] == victim:   # the batch is in admission order too
+                batch.pop()
         if batch:
             self.bm.append_batch(batch, [self.pending.pop(s) for s in batch])
         out.decodes = batch
