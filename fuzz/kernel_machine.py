@@ -39,6 +39,7 @@ from pagedkv.spec import PagedKVError
 from .kernel_corpus import (FAILURES_ENV, Heads, check_attention, kv_values, make_case, prefix_keys, queries,
                             read_back_problem, save_failures)
 from .profiles import EFFORT, Effort, settings_for
+from .spec_machine import SHARED_PREFIXES, tokens_st
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 #: The smallest GQA shape worth having: one KV head shared by a group of 3 (not a power of two).
@@ -48,8 +49,6 @@ KERNEL_EFFORT = {"ci": Effort(max_examples=8, stateful_step_count=30),
                  "dev": Effort(max_examples=40, stateful_step_count=30),
                  "deep": Effort(max_examples=400, stateful_step_count=60)}
 PATHS = ("cache_hit", "cow", "swap", "recompute", "resume", "step_preempt", "scheduler_step")
-SHARED_PREFIXES = ((), (1, 2, 3, 4, 5, 6, 7, 8), (1, 2, 3, 4, 9, 9, 9, 9), (5, 5, 5, 5, 5, 5))
-tokens_st = st.integers(min_value=0, max_value=9)
 
 
 @dataclass(frozen=True)
@@ -148,8 +147,8 @@ class KernelMachine(RuleBasedStateMachine):
         self.bm = self.manager_factory(**config, device=DEVICE)
         self.scheduler = (Scheduler(self.bm, data.draw(self.limits.scheduler_configs(), label="scheduler"))
                           if self.scheduled else None)
-        self.prompts = {}   # scheduled only: seq id -> prompt until admitted; then sampled, unwritten tokens
-        self.sampled = {}
+        self.prompts = {}   # scheduled: seq id -> its prompt, until admitted
+        self.sampled = {}   # scheduled: seq id -> the token sampled for it, not yet written
         self.cache = PagedCache(config["num_blocks"], config["block_size"], config["num_cpu_blocks"],
                                 self.heads, self.kv_seed)
         self.tokens = {}    # seq id -> its tokens as this test gave them (never read from the manager)
@@ -422,9 +421,11 @@ def run_kernel_state_check(profile: str) -> dict:
     """The `pagedkv check` entry: the machine passes, by hand and scheduled, and reaches every path."""
     try:
         tally = run_kernel_machine(profile) + run_kernel_machine(profile, scheduled=True)
-    except Exception as error:  # the machine's failure, already shrunk and saved
+    except Exception as error:  # the machine's failure, already shrunk (and saved if a path is set)
+        saved = os.environ.get(FAILURES_ENV)
         return {"name": "kernel-state", "covered": "-", "passed": False,
-                "detail": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"}
+                "detail": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+                          + (f" (case appended to {saved})" if saved else "")}
     missed = [path for path in PATHS if not tally[path]]
     paths = ", ".join(f"{path}={tally[path]}" for path in PATHS)
     return {
