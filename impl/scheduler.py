@@ -22,6 +22,8 @@ from typing import Optional
 
 import torch
 
+from pagedkv.spec import InvalidArgument
+
 from .block_manager import BlockManager, Copies
 from .hashing import blocks_needed
 
@@ -50,6 +52,7 @@ class SchedulerOutput:
     preempted: list = field(default_factory=list)      # by recompute, latest admitted first
     swapped_out: list = field(default_factory=list)
     swapped_in: list = field(default_factory=list)
+    aborted: list = field(default_factory=list)        # freed: the whole pool cannot hold their next token
     copies: Optional[Copies] = None
     block_tables: Optional[torch.Tensor] = None        # int32 [prefills + decodes, M]
     seq_lens: Optional[torch.Tensor] = None
@@ -90,6 +93,11 @@ class Scheduler:
             raise ValueError(f"n and max_new_tokens must be ints >= 1, got {n!r}, {max_new_tokens!r}")
         if not prompt:
             raise ValueError("a prompt has at least one token")
+        if not self.can_ever_fit(len(prompt), 0):
+            # It could never be admitted and would wait forever: refuse it now, loudly.
+            raise InvalidArgument(
+                f"request {req_id!r}'s prompt needs {blocks_needed(len(prompt), self.bm.block_size)} blocks; "
+                f"the pool has {self.bm.num_blocks - self.watermark_blocks} above the watermark")
         seq_ids = list(range(self.next_seq_id, self.next_seq_id + n))
         self.next_seq_id += n
         request = _Request(req_id, list(prompt), max_new_tokens, seq_ids, eos)
@@ -97,6 +105,11 @@ class Scheduler:
         for seq_id in seq_ids:
             self.request_of[seq_id], self.generated[seq_id] = request, 0
         return seq_ids
+
+    def can_ever_fit(self, prompt_len: int, max_new_tokens: int) -> bool:
+        """Whether one sample with this prompt and output fits the pool above the watermark alone."""
+        needed = blocks_needed(prompt_len + max_new_tokens, self.bm.block_size)
+        return needed <= self.bm.num_blocks - self.watermark_blocks
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.preempted or self.swapped or self.running)
@@ -138,6 +151,10 @@ class Scheduler:
     def _decode(self, out: SchedulerOutput) -> None:
         batch = [s for s in self.running if s in self.pending]
         while batch and self.bm.blocks_for_append(batch) > self.bm.num_free_blocks():
+            if len(self.running) == 1:
+                # Alone and still short: the pool can never hold this sequence's next token.
+                out.aborted.append(self._abort(batch.pop()))
+                break
             victim, _ = self.running.popitem()
             if self.preempt_mode(victim) == "swap":
                 self.bm.preempt(victim, "swap")
@@ -152,6 +169,12 @@ class Scheduler:
         if batch:
             self.bm.append_batch(batch, [self.pending.pop(s) for s in batch])
         out.decodes = batch
+
+    def _abort(self, seq_id: int) -> int:
+        self.bm.free(seq_id)
+        del self.running[seq_id], self.request_of[seq_id], self.generated[seq_id]
+        self.pending.pop(seq_id, None)
+        return seq_id
 
     def preempt_mode(self, seq_id: int) -> str:
         """Recompute re-prefills every token; swap moves the KV out and back. Swap needs room in

@@ -237,8 +237,7 @@ class PagedBackend(_Backend):
         return self.scheduler.waiting
 
     def _fits_alone(self, request: Request) -> bool:
-        usable = self.cfg.num_blocks - self.scheduler.watermark_blocks
-        return blocks_needed(request.prompt_len + request.output_len, self.cfg.block_size) <= usable
+        return self.scheduler.can_ever_fit(request.prompt_len, request.output_len)
 
     def _enqueue(self, request_id: int, request: Request) -> None:
         seq_ids = self.scheduler.add_request(request_id, prompt_tokens(request_id, request),

@@ -7,6 +7,7 @@ import pytest
 
 from pagedkv.impl.block_manager import BlockManager
 from pagedkv.impl.scheduler import Scheduler, SchedulerConfig
+from pagedkv.spec import InvalidArgument
 
 RECOMPUTE_CHEAP = SchedulerConfig(watermark=0.0, prefill_tokens_per_s=1e12, swap_bytes_per_s=1.0)
 SWAP_CHEAP = SchedulerConfig(watermark=0.0, prefill_tokens_per_s=1.0, swap_bytes_per_s=1e18)
@@ -22,8 +23,12 @@ def run_step(scheduler: Scheduler, token: int = 7):
 def test_admission_keeps_the_watermark_free():
     bm = BlockManager(10, 4)
     scheduler = Scheduler(bm, SchedulerConfig(watermark=0.2))   # 2 blocks stay free
-    scheduler.add_request("a", list(range(33)), 4)                # 9 blocks: over the watermark
-    assert scheduler.schedule().prefills == []
+    with pytest.raises(InvalidArgument):                          # 9 blocks: over the watermark for good
+        scheduler.add_request("a", list(range(33)), 4)
+    scheduler.add_request("b", list(range(29)), 4)                # 8 blocks: fits an empty pool
+    scheduler.add_request("c", [1], 4)                            # 1 more block would breach the watermark
+    assert [p.seq_id for p in scheduler.schedule().prefills] == [0]
+    assert bm.num_free_blocks() == 2
     bm2 = BlockManager(10, 4)
     scheduler2 = Scheduler(bm2, SchedulerConfig(watermark=0.2))
     scheduler2.add_request("a", list(range(32)), 4)               # 8 blocks: fits
@@ -172,3 +177,25 @@ def test_bad_requests_are_refused(kwargs):
     scheduler = Scheduler(BlockManager(4, 2))
     with pytest.raises(ValueError):
         scheduler.add_request("a", **{"prompt": [1], "max_new_tokens": 2, **kwargs})
+
+
+def test_prompt_that_can_never_fit_is_refused_up_front():
+    scheduler = Scheduler(BlockManager(4, 2), SchedulerConfig(watermark=0.0))
+    with pytest.raises(InvalidArgument, match="prompt needs 5 blocks"):
+        scheduler.add_request("big", [1] * 9, max_new_tokens=1)   # 9 tokens -> 5 blocks of 2
+    assert not scheduler.has_unfinished()
+
+
+def test_sequence_that_outgrows_the_whole_pool_is_aborted_not_livelocked():
+    bm = BlockManager(2, 2)
+    scheduler = Scheduler(bm, SchedulerConfig(watermark=0.0))
+    [seq] = scheduler.add_request("long", [1, 2, 3], max_new_tokens=10)   # needs 7 blocks eventually
+    aborted = []
+    for step in range(10):
+        out = scheduler.schedule()
+        aborted += out.aborted
+        scheduler.update({s: 7 for s in out.seq_ids})
+        if not scheduler.has_unfinished():
+            break
+    assert aborted == [seq] and not scheduler.has_unfinished()
+    assert bm.num_free_blocks() == 2
