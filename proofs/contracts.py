@@ -28,12 +28,6 @@ TWINS = {
     "slot_of": "pagedkv.impl.hashing.slot_of",
 }
 
-#: crosshair check targets (files of the spec whose docstrings carry contracts).
-CHECK_TARGETS = {
-    "ci": ["blocks.py"],
-    "deep": ["blocks.py", "kvspec.py"],
-}
-
 _ERROR_LINE = re.compile(r"^(?P<where>[^\s:]+:\d+): error: (?P<what>.*)$")
 
 
