@@ -22,6 +22,8 @@ def _register():
     from pagedkv.cli import demo, simulate
     main.add_command(simulate.simulate)
     main.add_command(demo.demo)
+    from pagedkv.cli import prove
+    main.add_command(prove.prove)
 
     from pagedkv.cli import fuzz
     main.add_command(fuzz.fuzz)

@@ -63,5 +63,10 @@ def prefix_hashes(tokens: Sequence[int], block_size: int, num_blocks: int) -> li
 
 
 def expected_slots(tokens: Sequence[int], start: int, stop: int) -> list:
-    """What positions start..stop-1 of a sequence with these tokens must hold."""
+    """What positions start..stop-1 of a sequence with these tokens must hold.
+
+    pre: 0 <= start <= stop <= len(tokens)
+    post: len(__return__) == stop - start
+    post: all(kv.prefix == tuple(tokens[:start + i]) for i, kv in enumerate(__return__))
+    """
     return [KV(tuple(tokens[:i]), tokens[i]) for i in range(start, stop)]

@@ -85,7 +85,14 @@ class KVSpec:
         """Admit a prompt. Pre: `tokens` is a non-empty list of ints >= 0 and `seq_id` is new.
         Effect: the sequence runs with ceil(len/B) blocks, the longest confirmed cached prefix
         (at most (len-1)//B blocks) shared, the rest taken fresh and written.
-        Returns the prompt tokens served from cache."""
+        Returns the prompt tokens served from cache.
+
+        pre: seq_id not in self.seqs and len(tokens) > 0 and all(type(t) is int and t >= 0 for t in tokens)
+        post: __return__ % self.block_size == 0
+        post: 0 <= __return__ < len(tokens)
+        post: len(self.block_table(seq_id)) == blocks_needed(len(tokens), self.block_size)
+        post: self.status(seq_id) == RUNNING
+        """
         _check_seq_id(seq_id)
         tokens = _check_prompt(tokens)
         if seq_id in self.seqs:
@@ -98,7 +105,14 @@ class KVSpec:
     def append(self, seq_id: int, token: int) -> list:
         """Append one decoded token. Pre: the sequence is running.
         Effect: a full (or missing) tail gets a new block after it; a shared, partly filled tail
-        is first copied to a new block (copy-on-write). Returns the copies [(src, dst)]."""
+        is first copied to a new block (copy-on-write). Returns the copies [(src, dst)].
+
+        pre: seq_id in self.seqs and self.status(seq_id) == RUNNING and token >= 0
+        post: len(__return__) <= 1
+        post: self.length(seq_id) == __old__.self.length(seq_id) + 1
+        post: len(self.block_table(seq_id)) == blocks_needed(self.length(seq_id), self.block_size)
+        post: self.refcount(self.block_table(seq_id)[-1]) == 1
+        """
         _check_token(token)
         seq = self._running(seq_id)
         position = len(seq.tokens)
@@ -114,7 +128,13 @@ class KVSpec:
         return copies
 
     def fork(self, parent_id: int, child_id: int) -> None:
-        """Start `child_id` as a copy of running `parent_id`, sharing every block (ref count + 1)."""
+        """Start `child_id` as a copy of running `parent_id`, sharing every block (ref count + 1).
+
+        pre: parent_id in self.seqs and child_id not in self.seqs and self.status(parent_id) == RUNNING
+        post: self.block_table(child_id) == self.block_table(parent_id)
+        post: self.tokens(child_id) == self.tokens(parent_id)
+        post: self.num_free_blocks() == __old__.self.num_free_blocks()
+        """
         _check_seq_id(parent_id)
         _check_seq_id(child_id)
         parent = self._get(parent_id)
@@ -128,7 +148,12 @@ class KVSpec:
                                        admitted=self._admit())
 
     def free(self, seq_id: int) -> None:
-        """Finish or cancel a sequence in any status and release everything it holds."""
+        """Finish or cancel a sequence in any status and release everything it holds.
+
+        pre: seq_id in self.seqs
+        post: seq_id not in self.seqs
+        post: self.num_free_blocks() >= __old__.self.num_free_blocks()
+        """
         seq = self._get(seq_id)
         self._release(seq.block_table)
         self._release_cpu(seq.cpu_block_table)
@@ -137,7 +162,13 @@ class KVSpec:
     def preempt(self, seq_id: int, mode: str = "recompute") -> list:
         """Take a running sequence off the GPU. "recompute": release its blocks, keep its tokens
         (status waiting). "swap": copy each block to a new CPU block, then release the GPU blocks
-        (status swapped). Returns the (gpu, cpu) copies; none for recompute."""
+        (status swapped). Returns the (gpu, cpu) copies; none for recompute.
+
+        pre: seq_id in self.seqs and self.status(seq_id) == RUNNING and mode in PREEMPT_MODES
+        post: self.status(seq_id) == (WAITING if mode == "recompute" else SWAPPED)
+        post: self.block_table(seq_id) == []
+        post: [cpu for _, cpu in __return__] == self.cpu_block_table(seq_id)
+        """
         if mode not in PREEMPT_MODES:
             raise InvalidArgument(f"preempt mode must be one of {PREEMPT_MODES}, got {mode!r}")
         seq = self._running(seq_id)
@@ -161,7 +192,13 @@ class KVSpec:
     def resume(self, seq_id: int) -> list:
         """Bring a preempted sequence back. Waiting: allocate like `add` of its tokens (cache hits
         allowed). Swapped: new, unshared GPU blocks, copied back from the CPU blocks, which are
-        freed. Returns the (cpu, gpu) copies; none for recompute."""
+        freed. Returns the (cpu, gpu) copies; none for recompute.
+
+        pre: seq_id in self.seqs and self.status(seq_id) != RUNNING
+        post: self.status(seq_id) == RUNNING
+        post: self.cpu_block_table(seq_id) == []
+        post: len(self.block_table(seq_id)) == blocks_needed(self.length(seq_id), self.block_size)
+        """
         seq = self._get(seq_id)
         if seq.status == RUNNING:
             raise InvalidState(f"sequence {seq_id!r} is already running")
@@ -193,7 +230,12 @@ class KVSpec:
         """One batched decode step: `tokens` maps running sequences to their next token.
         While the step's new blocks (fresh tails and copy-on-write copies) exceed the free blocks,
         preempt by recompute the most recently admitted running sequence (dropping its token).
-        Only then append, in admission order; nothing is appended before the capacity check."""
+        Only then append, in admission order; nothing is appended before the capacity check.
+
+        pre: all(s in self.seqs and self.status(s) == RUNNING and t >= 0 for s, t in tokens.items())
+        post: set(__return__.appended) | set(__return__.preempted) >= set(tokens)
+        post: not set(__return__.appended) & set(__return__.preempted)
+        """
         if not isinstance(tokens, dict):
             raise InvalidArgument(f"step takes a dict of seq_id -> token, got {type(tokens).__name__}")
         for seq_id, token in tokens.items():
@@ -251,7 +293,10 @@ class KVSpec:
         return self.ref_count[block]
 
     def num_free_blocks(self) -> int:
-        """Blocks an allocation could take now: never-cached free plus evictable cached."""
+        """Blocks an allocation could take now: never-cached free plus evictable cached.
+
+        post: 0 <= __return__ <= self.num_blocks
+        """
         return len(self.free_queue) + len(self.evictable)
 
     def num_evictable_blocks(self) -> int:
