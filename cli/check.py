@@ -12,11 +12,12 @@ import click
 #: "covered" (what it exercised), "passed" and "detail".
 CHECKS = [
     ("spec-stateful", "pagedkv.fuzz.spec_machine:run_spec_check"),
+    ("proofs", "pagedkv.proofs.report:run_proof_check"),
     ("differential", "pagedkv.fuzz.differential:run_differential_check"),
+    ("conformance", "pagedkv.fuzz.campaign:run_conformance_check"),
     ("kernels", "pagedkv.kernels.check:run_kernel_check"),
     ("kernel-state", "pagedkv.fuzz.kernel_machine:run_kernel_state_check"),
     ("engine", "pagedkv.impl.engine:run_engine_check"),
-    ("conformance", "pagedkv.fuzz.campaign:run_conformance_check"),
 ]
 
 

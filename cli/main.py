@@ -10,23 +10,11 @@ def main():
 def _register():
     # Subcommand modules import heavy rooms (torch, z3) lazily inside their commands,
     # so `pagedkv --help` stays fast.
-    from pagedkv.cli import check, lab
+    from pagedkv.cli import check, demo, fuzz, gen_kernel_tests, lab, plan, prove, simulate, trace
 
-    main.add_command(check.check)
-    main.add_command(lab.lab)
-    from pagedkv.cli import plan, trace
-    main.add_command(plan.plan)
-    main.add_command(trace.trace)
-    from pagedkv.cli import gen_kernel_tests
-    main.add_command(gen_kernel_tests.gen_kernel_tests)
-    from pagedkv.cli import demo, simulate
-    main.add_command(simulate.simulate)
-    main.add_command(demo.demo)
-    from pagedkv.cli import prove
-    main.add_command(prove.prove)
-
-    from pagedkv.cli import fuzz
-    main.add_command(fuzz.fuzz)
+    for command in (check.check, prove.prove, fuzz.fuzz, lab.lab, plan.plan, trace.trace,
+                    simulate.simulate, demo.demo, gen_kernel_tests.gen_kernel_tests):
+        main.add_command(command)
 
 
 _register()
