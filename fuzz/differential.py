@@ -12,10 +12,6 @@ Batched operations (`append_batch`, `block_tables`, `slot_mapping`) are compared
 operations done one at a time on the spec; `step` with the spec's `step`; and a second machine
 replays the `Scheduler`'s steps on the spec. Pools are tiny so exhaustion, eviction,
 copy-on-write, swap and cache hits happen every few steps.
-
-One deliberate difference is left out of the draws: the spec accepts token ids of any size, the
-manager (which stores them as int64, as KV caches of real vocabularies do) refuses ids >= 2**63
-with InvalidArgument.
 """
 
 import copy

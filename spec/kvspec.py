@@ -36,6 +36,7 @@ from .errors import DuplicateSequence, InvalidArgument, InvalidState, OutOfBlock
 
 RUNNING, WAITING, SWAPPED = "running", "waiting", "swapped"
 PREEMPT_MODES = ("recompute", "swap")
+MAX_TOKEN = 2 ** 63 - 1  # token ids live in int64 tensors in every engine
 
 
 @dataclass
@@ -467,7 +468,7 @@ def _check_seq_id(seq_id) -> None:
 
 
 def _check_token(token) -> None:
-    _require(_is_int(token) and token >= 0, f"tokens are ints >= 0, got {token!r}")
+    _require(_is_int(token) and 0 <= token <= MAX_TOKEN, f"tokens are ints in 0..2**63-1, got {token!r}")
 
 
 def _check_prompt(tokens) -> list:

@@ -37,6 +37,7 @@ CASES = [
     ("append", (99, 1), UnknownSequence, None),
     ("append", (1, -5), InvalidArgument, None),
     ("append", (1, True), InvalidArgument, None),
+    ("append", (1, 2 ** 63), InvalidArgument, None),
     ("append", (3, 1), InvalidState, None),
     ("append", (4, 1), InvalidState, None),
     ("append", (1, 1), OutOfBlocks, fill_pool),        # shared partial tail: copy-on-write needs a block
