@@ -283,8 +283,12 @@ class KernelMachine(RuleBasedStateMachine):
     def request(self, data, n, max_new_tokens):
         prompt = data.draw(self.limits.prompts(), label="prompt")
         self.next_id += 1
-        for seq_id in self.scheduler.add_request(self.next_id, prompt, max_new_tokens, n):
-            self.prompts[seq_id] = prompt
+        try:
+            seq_ids = self.scheduler.add_request(self.next_id, prompt, max_new_tokens, n)
+        except PagedKVError as error:   # a prompt the pool can never hold is refused up front
+            event(f"request -> {type(error).__name__}")
+            return
+        self.prompts.update(dict.fromkeys(seq_ids, prompt))
 
     @precondition(lambda self: self.scheduler and self.scheduler.has_unfinished())
     @rule(data=st.data())
@@ -293,6 +297,8 @@ class KernelMachine(RuleBasedStateMachine):
         token for every sequence that ran (forked children sample from their parent's logits)."""
         self.tally["steps"] += 1
         out = self.scheduler.schedule()
+        for seq_id in out.aborted:   # freed: the whole pool cannot hold its next token
+            del self.tokens[seq_id], self.sampled[seq_id]
         for prefill in out.prefills:   # a new admission, or a recompute victim re-prefilled with its pending token
             seq_id = prefill.seq_id
             if seq_id in self.tokens:
@@ -318,7 +324,7 @@ class KernelMachine(RuleBasedStateMachine):
             del self.tokens[seq_id]
         self.sampled.update((s, t) for s, t in sampled.items() if s not in finished)
         self.cache.poison(*free_blocks(self.bm))
-        self.changed = bool(ran or out.preempted or out.swapped_out)
+        self.changed = bool(ran or out.preempted or out.swapped_out or out.aborted)
         self.note("scheduler_step", ran)
         self.note("step_preempt", out.preempted or out.swapped_out)
         self.note("swap", out.swapped_out)
