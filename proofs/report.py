@@ -9,7 +9,7 @@ import os
 import time
 from dataclasses import asdict, dataclass
 
-from . import contracts
+from . import contracts, explicit_bmc
 from .encoding import Bounds, Machine
 from .obligations import (CASES, WRITING_OPS, ObligationResult, atomicity, bmc, cases_cover, exclusivity,
                           induction, initiation, no_leak, step_composition, step_unrolling, witnesses)
@@ -27,6 +27,7 @@ class Profile:
     crosshair_per_condition_s: float
     crosshair_timeout_s: float
     crosshair_targets: tuple = ("blocks.py",)   # spec files whose docstring contracts CrossHair checks
+    explicit_depth: int = 6     # explicit-state BMC of the executable spec (proofs/explicit_bmc.py)
 
 
 # Smallest bounds where a pool runs out (N=4 blocks, prompts of up to T*B=6 tokens), a block is
@@ -39,11 +40,11 @@ PROFILES = {
                   crosshair_per_condition_s=2, crosshair_timeout_s=90),
     # pytest's profile: two blocks per table and shallow BMC, same obligations.
     "quick": Profile(induction=(Bounds(4, 2, 3, 2, 2),), bmc=Bounds(4, 2, 3, 2, 2), bmc_depth=2,
-                     solver_timeout_s=120, crosshair_per_condition_s=1, crosshair_timeout_s=60),
+                     solver_timeout_s=120, crosshair_per_condition_s=1, crosshair_timeout_s=60, explicit_depth=5),
     "deep": Profile(induction=(Bounds(5, 2, 4, 3, 3), Bounds(4, 3, 3, 2, 2), Bounds(4, 2, 3, 3, 2, prefix_caching=False)),
                     bmc=CI_BOUNDS, bmc_depth=3, solver_timeout_s=900,
                     crosshair_per_condition_s=20, crosshair_timeout_s=900,
-                    crosshair_targets=("blocks.py", "kvspec.py")),
+                    crosshair_targets=("blocks.py", "kvspec.py"), explicit_depth=7),
 }
 
 MULTI_CASE_OPS = sorted({c.op for c in CASES if sum(d.op == c.op for d in CASES) > 1})
@@ -62,12 +63,21 @@ def obligations(profile: str) -> list:
         tasks += [("atomicity", (b, op, p.solver_timeout_s)) for op in OPS]
         tasks += [("exclusivity", (b, op, p.solver_timeout_s)) for op in WRITING_OPS]
     tasks += [("bmc", (p.bmc, p.bmc_depth, p.solver_timeout_s * 3)),
-              ("witnesses", (p.bmc,))]
+              ("witnesses", (p.bmc,)),
+              ("explicit_bmc", (explicit_bmc.Alphabet(), p.explicit_depth))]
     tasks += [("crosshair_check", (target, p.crosshair_per_condition_s, p.crosshair_timeout_s))
               for target in p.crosshair_targets]
     tasks += [("diffbehavior", (helper, p.crosshair_per_condition_s, p.crosshair_timeout_s))
               for helper in contracts.TWINS]
     return tasks
+
+
+def _explicit_result(alphabet, depth) -> list:
+    started = time.perf_counter()
+    passed, bounds, detail = explicit_bmc.check(alphabet, depth)
+    return [ObligationResult(f"BMC (explicit state, the executable spec): every trace of ≤{depth} ops keeps "
+                             "the invariants, fails atomically, and frees back to full", "BMC", bounds, passed,
+                             round(time.perf_counter() - started, 2), detail)]
 
 
 def _crosshair_result(name, kind, bounds, run) -> list:
@@ -88,6 +98,7 @@ TASKS = {
     "exclusivity": lambda b, op, t: [exclusivity(Machine(b), op, t)],
     "bmc": lambda b, k, t: bmc(Machine(b), k, t),
     "witnesses": lambda b: witnesses(Machine(b)),
+    "explicit_bmc": lambda alphabet, k: _explicit_result(alphabet, k),
     "crosshair_check": lambda target, per, t: _crosshair_result(
         f"contract: crosshair check spec/{target}", "contract", f"per condition {per}s",
         lambda: contracts.check_contracts(target, per, t)),
@@ -110,7 +121,8 @@ def run_proofs(profile: str = "ci", workers: int = 0) -> list:
     tasks = obligations(profile)
     workers = workers or os.cpu_count() or 1
     # The slowest tasks first, so the pool's tail stays short.
-    order = sorted(range(len(tasks)), key=lambda i: tasks[i][0] not in ("bmc", "witnesses", "crosshair_check"))
+    order = sorted(range(len(tasks)),
+                   key=lambda i: tasks[i][0] not in ("explicit_bmc", "bmc", "witnesses", "crosshair_check"))
     if workers == 1:
         done = {i: _run_task(tasks[i]) for i in order}
     else:
