@@ -25,7 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from pagedkv.impl.block_manager import BlockManager
 from pagedkv.impl.hashing import slot_of
 from pagedkv.impl.scheduler import Scheduler, SchedulerConfig
-from pagedkv.spec import RUNNING, KVSpec, OutOfBlocks, PagedKVError
+from pagedkv.spec import RUNNING, InvalidArgument, KVSpec, OutOfBlocks, PagedKVError
 
 #: (max_examples, stateful_step_count) per profile; "ci" stays well under a minute on 2 cores.
 EFFORT = {"ci": (120, 50), "dev": (400, 60), "deep": (4000, 120)}
@@ -314,6 +314,13 @@ class SchedulerMachine(TalliedMachine):
 
     @rule(prompt=prompts, max_new_tokens=st.integers(1, 6), n=st.integers(1, 3))
     def add_request(self, prompt, max_new_tokens, n):
+        if not self.scheduler.can_ever_fit(len(prompt), 0):
+            try:
+                self.scheduler.add_request(len(self.prompt_of), prompt, max_new_tokens, n)
+            except InvalidArgument:
+                self.note("scheduler refused")
+                return
+            raise AssertionError(f"a prompt of {len(prompt)} tokens that can never fit was queued")
         for seq_id in self.scheduler.add_request(len(self.prompt_of), prompt, max_new_tokens, n):
             self.prompt_of[seq_id] = prompt
 
@@ -328,6 +335,10 @@ class SchedulerMachine(TalliedMachine):
         assert out.decodes == result.appended, f"decodes {out.decodes} vs spec {result.appended}"
         if out.preempted:
             self.note("scheduler preempted")
+        for seq_id in out.aborted:            # outgrew the whole pool: freed, never resumed
+            assert self.spec.status(seq_id) != RUNNING
+            self.spec.free(seq_id)
+            self.note("scheduler aborted")
         for prefill in out.prefills:
             seq_id = prefill.seq_id
             if seq_id in self.spec.seqs:      # a recompute victim: re-prefill plus its pending token

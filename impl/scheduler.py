@@ -151,10 +151,6 @@ class Scheduler:
     def _decode(self, out: SchedulerOutput) -> None:
         batch = [s for s in self.running if s in self.pending]
         while batch and self.bm.blocks_for_append(batch) > self.bm.num_free_blocks():
-            if len(self.running) == 1:
-                # Alone and still short: the pool can never hold this sequence's next token.
-                out.aborted.append(self._abort(batch.pop()))
-                break
             victim, _ = self.running.popitem()
             if self.preempt_mode(victim) == "swap":
                 self.bm.preempt(victim, "swap")
@@ -170,11 +166,15 @@ class Scheduler:
             self.bm.append_batch(batch, [self.pending.pop(s) for s in batch])
         out.decodes = batch
 
-    def _abort(self, seq_id: int) -> int:
-        self.bm.free(seq_id)
-        del self.running[seq_id], self.request_of[seq_id], self.generated[seq_id]
-        self.pending.pop(seq_id, None)
-        return seq_id
+    def _abort_outgrown(self, queue: deque, out: SchedulerOutput, blocks_to_resume) -> None:
+        """Free the preempted sequences that even an empty pool could not take back (they would
+        wait forever): a sequence that alone outgrew the pool was preempted by its own decode."""
+        for seq_id in [s for s in queue if blocks_to_resume(s) > self.bm.num_blocks - self.watermark_blocks]:
+            queue.remove(seq_id)
+            self.bm.free(seq_id)
+            del self.request_of[seq_id], self.generated[seq_id]
+            self.pending.pop(seq_id, None)
+            out.aborted.append(seq_id)
 
     def preempt_mode(self, seq_id: int) -> str:
         """Recompute re-prefills every token; swap moves the KV out and back. Swap needs room in
@@ -195,6 +195,7 @@ class Scheduler:
 
     def _swap_in(self, out: SchedulerOutput) -> None:
         # +1: the swapped-in sequence writes its pending token in this very step.
+        self._abort_outgrown(self.swapped, out, lambda s: len(self.bm.cpu_block_table(s)) + 1)
         while self.swapped and self._room_for(1) \
                 and self._fits(len(self.bm.cpu_block_table(self.swapped[0])) + 1):
             seq_id = self.swapped.popleft()
@@ -207,6 +208,8 @@ class Scheduler:
     def _admit(self, out: SchedulerOutput) -> None:
         # A recompute victim re-prefills its tokens plus its pending one (conservatively ignoring
         # cache hits when checking the fit).
+        self._abort_outgrown(self.preempted, out,
+                             lambda s: blocks_needed(self.bm.length(s) + 1, self.bm.block_size))
         while self.preempted and self._room_for(1) and self._fits(
                 blocks_needed(self.bm.length(self.preempted[0]) + 1, self.bm.block_size)):
             seq_id = self.preempted.popleft()

@@ -189,7 +189,7 @@ def test_prompt_that_can_never_fit_is_refused_up_front():
 def test_sequence_that_outgrows_the_whole_pool_is_aborted_not_livelocked():
     bm = BlockManager(2, 2)
     scheduler = Scheduler(bm, SchedulerConfig(watermark=0.0))
-    [seq] = scheduler.add_request("long", [1, 2, 3], max_new_tokens=10)   # needs 7 blocks eventually
+    [seq] = scheduler.add_request("long", [1, 2, 3], max_new_tokens=10)   # outgrows the pool at token 5
     aborted = []
     for step in range(10):
         out = scheduler.schedule()
