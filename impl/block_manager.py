@@ -31,6 +31,7 @@ import torch
 
 from pagedkv.spec import (RUNNING, SWAPPED, WAITING, DuplicateSequence, InvalidArgument,
                           InvalidState, InvariantViolation, OutOfBlocks, StepResult, UnknownSequence)
+from pagedkv.spec.arguments import check_seq_id, check_step_tokens, check_token, is_int, require
 
 from .block_pool import BlockPool
 from .hashing import CHAIN_HASHES, blocks_needed
@@ -39,9 +40,6 @@ from .prefix_cache import PrefixCache
 STATUSES = (RUNNING, WAITING, SWAPPED)
 _RUNNING, _WAITING, _SWAPPED = range(3)
 PREEMPT_MODES = ("recompute", "swap")
-_INT64_MAX = 2 ** 63 - 1
-
-
 @dataclass
 class _Seq:
     row: int
@@ -75,14 +73,14 @@ class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, *, num_cpu_blocks: int = 0,
                  prefix_caching: bool = False, device="cpu", max_seqs: int = 256,
                  max_blocks_per_seq: int = 64, hash_algo="xxhash"):
-        _require(_is_int(num_blocks) and num_blocks >= 1, f"num_blocks must be >= 1, got {num_blocks!r}")
-        _require(_is_int(block_size) and block_size >= 1, f"block_size must be >= 1, got {block_size!r}")
-        _require(_is_int(num_cpu_blocks) and num_cpu_blocks >= 0,
+        require(is_int(num_blocks) and num_blocks >= 1, f"num_blocks must be >= 1, got {num_blocks!r}")
+        require(is_int(block_size) and block_size >= 1, f"block_size must be >= 1, got {block_size!r}")
+        require(is_int(num_cpu_blocks) and num_cpu_blocks >= 0,
                  f"num_cpu_blocks must be >= 0, got {num_cpu_blocks!r}")
-        _require(_is_int(max_seqs) and max_seqs >= 1, f"max_seqs must be >= 1, got {max_seqs!r}")
-        _require(_is_int(max_blocks_per_seq) and max_blocks_per_seq >= 1,
+        require(is_int(max_seqs) and max_seqs >= 1, f"max_seqs must be >= 1, got {max_seqs!r}")
+        require(is_int(max_blocks_per_seq) and max_blocks_per_seq >= 1,
                  f"max_blocks_per_seq must be >= 1, got {max_blocks_per_seq!r}")
-        _require(callable(hash_algo) or hash_algo in CHAIN_HASHES,
+        require(callable(hash_algo) or hash_algo in CHAIN_HASHES,
                  f"hash_algo must be one of {tuple(CHAIN_HASHES)} or a chain-hash function, got {hash_algo!r}")
         self.num_blocks, self.block_size, self.num_cpu_blocks = num_blocks, block_size, num_cpu_blocks
         self.prefix_caching = bool(prefix_caching)
@@ -112,7 +110,7 @@ class BlockManager:
     def add(self, seq_id: int, tokens: list) -> int:
         """Admit a prompt: ceil(len/B) blocks, the longest confirmed cached prefix shared.
         Returns the prompt tokens served from cache."""
-        _check_seq_id(seq_id)
+        check_seq_id(seq_id)
         written = _check_prompt(tokens)
         if seq_id in self.seqs:
             raise DuplicateSequence(seq_id)
@@ -125,15 +123,15 @@ class BlockManager:
     @_locked
     def append(self, seq_id: int, token: int) -> list:
         """Append one decoded token; returns the copy-on-write copies [(src, dst)]."""
-        _check_token(token)
+        check_token(token)
         row = self._running_row(seq_id)
         return self._append_rows(np.array([row]), np.array([token], dtype=np.int64))
 
     @_locked
     def fork(self, parent_id: int, child_id: int) -> None:
         """Start `child_id` sharing every block of running `parent_id` (ref count + 1 each)."""
-        _check_seq_id(parent_id)
-        _check_seq_id(child_id)
+        check_seq_id(parent_id)
+        check_seq_id(child_id)
         parent = self._get(parent_id)
         if child_id in self.seqs:
             raise DuplicateSequence(child_id)
@@ -228,11 +226,7 @@ class BlockManager:
         """One batched decode step, as the spec's: while the step's new blocks exceed the free
         ones, preempt (recompute) the latest admitted running sequence and drop its token; then
         append the rest in admission order."""
-        if not isinstance(tokens, dict):
-            raise InvalidArgument(f"step takes a dict of seq_id -> token, got {type(tokens).__name__}")
-        for seq_id, token in tokens.items():
-            _check_seq_id(seq_id)
-            _check_token(token)
+        check_step_tokens(tokens)
         for seq_id in tokens:
             self._running_row(seq_id)
         batch, preempted = dict(tokens), []
@@ -253,7 +247,7 @@ class BlockManager:
         order would, but all or nothing. Returns the copy-on-write copies."""
         tokens = _check_token_batch(tokens)
         rows = self._rows(seq_ids)
-        _require(len(rows) == len(tokens), f"{len(rows)} sequences but {len(tokens)} tokens")
+        require(len(rows) == len(tokens), f"{len(rows)} sequences but {len(tokens)} tokens")
         self._require_running(rows)
         return self._append_rows(rows, tokens)
 
@@ -287,7 +281,7 @@ class BlockManager:
         self._require_running(rows)
         counts = np.broadcast_to(np.asarray(num_tokens, dtype=np.int64), rows.shape)
         lens = self.seq_len[rows]
-        _require(bool(((counts >= 0) & (counts <= lens)).all()), "num_tokens must be in 0..length")
+        require(bool(((counts >= 0) & (counts <= lens)).all()), "num_tokens must be in 0..length")
         if (counts == 1).all():   # decode: one position per sequence
             seg_rows, positions = rows, lens - 1
         else:
@@ -352,7 +346,7 @@ class BlockManager:
 
     @_locked
     def refcount(self, block: int) -> int:
-        if not (_is_int(block) and 0 <= block < self.num_blocks):
+        if not (is_int(block) and 0 <= block < self.num_blocks):
             raise InvalidArgument(f"block id {block!r} outside 0..{self.num_blocks - 1}")
         return int(self.pool.ref_count[block])
 
@@ -397,7 +391,7 @@ class BlockManager:
     # ---------------------------------------------------------------- internals: sequences
 
     def _get(self, seq_id) -> _Seq:
-        _check_seq_id(seq_id)
+        check_seq_id(seq_id)
         if seq_id not in self.seqs:
             raise UnknownSequence(seq_id)
         return self.seqs[seq_id]
@@ -416,17 +410,17 @@ class BlockManager:
         last = self._last_batch
         if last is not None and last[2] == self._rows_version and last[0] == seq_ids:
             return last[1]
-        _require(isinstance(seq_ids, (list, tuple)), f"seq_ids must be a list, got {type(seq_ids).__name__}")
+        require(isinstance(seq_ids, (list, tuple)), f"seq_ids must be a list, got {type(seq_ids).__name__}")
         if set(map(type, seq_ids)) - {int}:
             for seq_id in seq_ids:
-                _check_seq_id(seq_id)
+                check_seq_id(seq_id)
         try:
             rows = np.fromiter(map(self.row_of.__getitem__, seq_ids), np.int64, len(seq_ids))
         except KeyError as missing:
             raise UnknownSequence(missing.args[0]) from None
         seen = np.zeros(len(self.seq_len), dtype=bool)
         seen[rows] = True
-        _require(np.count_nonzero(seen) == len(rows), "a batch names a sequence twice")
+        require(np.count_nonzero(seen) == len(rows), "a batch names a sequence twice")
         self._last_batch = (list(seq_ids), rows, self._rows_version)
         return rows
 
@@ -647,28 +641,7 @@ class BlockManager:
                 f"seqs={len(self.seqs)}, free={self.pool.num_free()})")
 
 
-# -------------------------------------------------------------------- argument checks (the spec's)
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise InvalidArgument(message)
-
-
-# The checks below run on every call: they format their message only when they fail.
-
-def _check_seq_id(seq_id) -> None:
-    if not _is_int(seq_id):
-        raise InvalidArgument(f"sequence ids are ints, got {seq_id!r}")
-
-
-def _check_token(token) -> None:
-    if not (_is_int(token) and 0 <= token <= _INT64_MAX):
-        raise InvalidArgument(f"tokens are ints in 0..2**63-1, got {token!r}")
-
+# -------------------------------------------------------------------- argument checks of whole batches
 
 def _check_prompt(tokens) -> np.ndarray:
     """The prompt as int64, once every token is known to be a plain int in range."""
@@ -682,7 +655,7 @@ def _check_prompt(tokens) -> np.ndarray:
         except OverflowError:
             pass
     for token in tokens:   # the slow path finds and names the bad token
-        _check_token(token)
+        check_token(token)
     return np.array(tokens, dtype=np.int64)
 
 
@@ -694,15 +667,15 @@ def _check_token_batch(tokens) -> np.ndarray:
         if not (tokens.ndim == 1 and (tokens.dtype.kind in "iu" or tokens.size == 0)):
             raise InvalidArgument(f"a token batch is a 1-d integer array, got {tokens.dtype}{list(tokens.shape)}")
         array = tokens.astype(np.int64)   # uint64 beyond int64 wraps negative and is refused
-        _require(not (array < 0).any(), "tokens are ints in 0..2**63-1")
+        require(not (array < 0).any(), "tokens are ints in 0..2**63-1")
         return array
-    _require(isinstance(tokens, (list, tuple)), f"tokens must be a list, got {type(tokens).__name__}")
+    require(isinstance(tokens, (list, tuple)), f"tokens must be a list, got {type(tokens).__name__}")
     if set(map(type, tokens)) - {int}:
         for token in tokens:
-            _check_token(token)
+            check_token(token)
     try:
         array = np.array(tokens, dtype=np.int64)
     except OverflowError:
         raise InvalidArgument("tokens are ints in 0..2**63-1") from None
-    _require(not (array < 0).any(), "tokens are ints >= 0")
+    require(not (array < 0).any(), "tokens are ints >= 0")
     return array

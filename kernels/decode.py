@@ -97,13 +97,8 @@ def paged_decode(
         raise V.KernelArgumentError(
             f"decode has one query per sequence: q.shape[0] = {q.shape[0]} but there are {info['num_seqs']} sequences"
         )
-    V.check_last_dim_contiguous("block_tables", block_tables)
-    scale = V.check_options(scale, sliding_window, softcap, info["head_dim"])
     V.check_num_splits(num_splits)
-    if _tile_rows is not None and (_tile_rows < 16 or _tile_rows & (_tile_rows - 1)):
-        raise V.KernelArgumentError("_tile_rows must be a power of two >= 16")
-    if validate:
-        V.check_block_ids(block_tables, info["seq_lens"], info["block_size"], info["num_blocks"])
+    scale = V.check_attention_options(info, block_tables, scale, sliding_window, softcap, _tile_rows, validate)
 
     num_seqs, num_q_heads, head_dim = q.shape
     group = num_q_heads // info["num_kv_heads"]

@@ -38,15 +38,10 @@ def paged_prefill(
 ) -> torch.Tensor:
     """Prefill (and mixed prefill/decode) attention over a paged KV cache; returns [T, Hq, D]."""
     info = V.check_attention_args(q, k_cache, v_cache, block_tables, seq_lens)
-    V.check_last_dim_contiguous("block_tables", block_tables)
     qsl = V.check_query_start_loc(query_start_loc, q.shape[0], info["seq_lens"], q.device)
     if not isinstance(causal, bool):
         raise V.KernelArgumentError(f"causal must be a bool, got {causal!r}")
-    scale = V.check_options(scale, sliding_window, softcap, info["head_dim"])
-    if _tile_rows is not None and (_tile_rows < 16 or _tile_rows & (_tile_rows - 1)):
-        raise V.KernelArgumentError("_tile_rows must be a power of two >= 16")
-    if validate:
-        V.check_block_ids(block_tables, info["seq_lens"], info["block_size"], info["num_blocks"])
+    scale = V.check_attention_options(info, block_tables, scale, sliding_window, softcap, _tile_rows, validate)
 
     num_tokens, num_q_heads, head_dim = q.shape
     group = num_q_heads // info["num_kv_heads"]

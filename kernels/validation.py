@@ -146,6 +146,18 @@ def check_attention_args(
     )
 
 
+def check_attention_options(info: dict, block_tables, scale, sliding_window, softcap, tile_rows, validate) -> float:
+    """The checks decode and prefill share after their own: table layout, options, tile override, and
+    (with ``validate``) block ids in range. Returns the softmax scale."""
+    check_last_dim_contiguous("block_tables", block_tables)
+    scale = check_options(scale, sliding_window, softcap, info["head_dim"])
+    if tile_rows is not None and (tile_rows < 16 or tile_rows & (tile_rows - 1)):
+        _fail("_tile_rows must be a power of two >= 16")
+    if validate:
+        check_block_ids(block_tables, info["seq_lens"], info["block_size"], info["num_blocks"])
+    return scale
+
+
 def check_block_ids(block_tables: torch.Tensor, seq_lens: list[int], block_size: int, num_blocks: int) -> None:
     """Every block a sequence actually reads (the first ceil(len/B) of its row) is in range."""
     if not seq_lens:

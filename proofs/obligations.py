@@ -10,7 +10,7 @@ import z3
 from pagedkv.spec import KVSpec
 
 from .convert import describe, model_snapshot, snapshot, to_state
-from .encoding import SWAPPED, WAITING, Bounds, Machine, Run, State, at, in_queue, prefixes, same_state
+from .encoding import SWAPPED, WAITING, Bounds, Machine, Run, State, at, prefixes, same_state
 from .ops import OPS, execute, model_args, render_call, symbolic_args
 from .tie import evaluate
 from .zinvariants import ALL, NAMED, STRENGTHENING, inductive_invariant
@@ -190,18 +190,24 @@ def find_violation(machine: Machine, case: Case, timeout_s: float = 120):
     return None
 
 
+def _refute(machine: Machine, op_name: str, timeout_s: float, violation, what: str, label: str) -> tuple:
+    """Search for a run of `op_name` satisfying `violation(transition)`; none found means proved."""
+    t = Transition.build(machine, op_name)
+    solver = _solver(timeout_s)
+    solver.add(*t.assumptions, violation(t))
+    result = solver.check()
+    passed, detail = _verdict(result)
+    if result == z3.sat:
+        detail = t.counterexample(solver.model(), what, label).render()
+    return passed, detail
+
+
 def atomicity(machine: Machine, op_name: str, timeout_s: float = 120) -> ObligationResult:
     """A failed operation leaves the state exactly as it was."""
-    def body():
-        t = Transition.build(machine, op_name)
-        solver = _solver(timeout_s)
-        solver.add(*t.assumptions, z3.Not(t.run.ok), z3.Not(same_state(machine.b, t.pre, t.run.s)))
-        result = solver.check()
-        passed, detail = _verdict(result)
-        if result == z3.sat:
-            detail = t.counterexample(solver.model(), "failed", "failure atomicity").render()
-        return passed, detail
-    return _timed(f"atomicity: {op_name}", "atomicity", machine.b.describe(), body)
+    def changed_on_failure(t):
+        return z3.And(z3.Not(t.run.ok), z3.Not(same_state(machine.b, t.pre, t.run.s)))
+    return _timed(f"atomicity: {op_name}", "atomicity", machine.b.describe(),
+                  lambda: _refute(machine, op_name, timeout_s, changed_on_failure, "failed", "failure atomicity"))
 
 
 WRITING_OPS = ("add", "append", "resume")   # step writes only through append (see step_composition)
@@ -209,16 +215,10 @@ WRITING_OPS = ("add", "append", "resume")   # step writes only through append (s
 
 def exclusivity(machine: Machine, op_name: str, timeout_s: float = 120) -> ObligationResult:
     """Every write goes to a block whose ref count is 1 at that moment."""
-    def body():
-        t = Transition.build(machine, op_name)
-        solver = _solver(timeout_s)
-        solver.add(*t.assumptions, z3.Or([z3.And(active, ref != 1) for active, _, ref in t.run.writes]))
-        result = solver.check()
-        passed, detail = _verdict(result)
-        if result == z3.sat:
-            detail = t.counterexample(solver.model(), "write", "write exclusivity").render()
-        return passed, detail
-    return _timed(f"exclusivity: {op_name} writes only unshared blocks", "exclusivity", machine.b.describe(), body)
+    def writes_shared_block(t):
+        return z3.Or([z3.And(active, ref != 1) for active, _, ref in t.run.writes])
+    return _timed(f"exclusivity: {op_name} writes only unshared blocks", "exclusivity", machine.b.describe(),
+                  lambda: _refute(machine, op_name, timeout_s, writes_shared_block, "write", "write exclusivity"))
 
 
 def cases_cover(machine: Machine, op_name: str, timeout_s: float = 120) -> ObligationResult:

@@ -31,12 +31,12 @@ import copy
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from .blocks import KV, blocks_needed, chain_hash, expected_slots, prefix_hashes
+from .arguments import check_prompt, check_seq_id, check_step_tokens, check_token, is_int, require
+from .blocks import KV, blocks_needed, expected_slots, prefix_hashes
 from .errors import DuplicateSequence, InvalidArgument, InvalidState, OutOfBlocks, UnknownSequence
 
 RUNNING, WAITING, SWAPPED = "running", "waiting", "swapped"
 PREEMPT_MODES = ("recompute", "swap")
-MAX_TOKEN = 2 ** 63 - 1  # token ids live in int64 tensors in every engine
 
 
 @dataclass
@@ -61,9 +61,9 @@ class KVSpec:
 
     def __init__(self, num_blocks: int, block_size: int, *, num_cpu_blocks: int = 0,
                  prefix_caching: bool = False):
-        _require(_is_int(num_blocks) and num_blocks >= 1, f"num_blocks must be >= 1, got {num_blocks!r}")
-        _require(_is_int(block_size) and block_size >= 1, f"block_size must be >= 1, got {block_size!r}")
-        _require(_is_int(num_cpu_blocks) and num_cpu_blocks >= 0,
+        require(is_int(num_blocks) and num_blocks >= 1, f"num_blocks must be >= 1, got {num_blocks!r}")
+        require(is_int(block_size) and block_size >= 1, f"block_size must be >= 1, got {block_size!r}")
+        require(is_int(num_cpu_blocks) and num_cpu_blocks >= 0,
                  f"num_cpu_blocks must be >= 0, got {num_cpu_blocks!r}")
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -94,8 +94,8 @@ class KVSpec:
         post: len(self.block_table(seq_id)) == blocks_needed(len(tokens), self.block_size)
         post: self.status(seq_id) == RUNNING
         """
-        _check_seq_id(seq_id)
-        tokens = _check_prompt(tokens)
+        check_seq_id(seq_id)
+        tokens = check_prompt(tokens)
         if seq_id in self.seqs:
             raise DuplicateSequence(seq_id)
         seq = Sequence(tokens=tokens)
@@ -114,7 +114,7 @@ class KVSpec:
         post: len(self.block_table(seq_id)) == blocks_needed(self.length(seq_id), self.block_size)
         post: self.refcount(self.block_table(seq_id)[-1]) == 1
         """
-        _check_token(token)
+        check_token(token)
         seq = self._running(seq_id)
         position = len(seq.tokens)
         copies = []
@@ -136,8 +136,8 @@ class KVSpec:
         post: self.tokens(child_id) == self.tokens(parent_id)
         post: self.num_free_blocks() == __old__.self.num_free_blocks()
         """
-        _check_seq_id(parent_id)
-        _check_seq_id(child_id)
+        check_seq_id(parent_id)
+        check_seq_id(child_id)
         parent = self._get(parent_id)
         if child_id in self.seqs:
             raise DuplicateSequence(child_id)
@@ -237,11 +237,7 @@ class KVSpec:
         post: set(__return__.appended) | set(__return__.preempted) >= set(tokens)
         post: not set(__return__.appended) & set(__return__.preempted)
         """
-        if not isinstance(tokens, dict):
-            raise InvalidArgument(f"step takes a dict of seq_id -> token, got {type(tokens).__name__}")
-        for seq_id, token in tokens.items():
-            _check_seq_id(seq_id)
-            _check_token(token)
+        check_step_tokens(tokens)
         for seq_id in tokens:
             self._running(seq_id)
         batch = dict(tokens)
@@ -289,7 +285,7 @@ class KVSpec:
         return [pool[table[i // self.block_size]][i % self.block_size] for i in range(len(seq.tokens))]
 
     def refcount(self, block: int) -> int:
-        if not (_is_int(block) and 0 <= block < self.num_blocks):
+        if not (is_int(block) and 0 <= block < self.num_blocks):
             raise InvalidArgument(f"block id {block!r} outside 0..{self.num_blocks - 1}")
         return self.ref_count[block]
 
@@ -324,7 +320,7 @@ class KVSpec:
         return [None] * self.block_size
 
     def _get(self, seq_id) -> Sequence:
-        _check_seq_id(seq_id)
+        check_seq_id(seq_id)
         if seq_id not in self.seqs:
             raise UnknownSequence(seq_id)
         return self.seqs[seq_id]
@@ -450,30 +446,3 @@ class KVSpec:
         return (f"KVSpec(num_blocks={self.num_blocks}, block_size={self.block_size}, "
                 f"num_cpu_blocks={self.num_cpu_blocks}, prefix_caching={self.prefix_caching}, "
                 f"seqs={len(self.seqs)}, free={self.num_free_blocks()})")
-
-
-# -------------------------------------------------------------------- argument checks
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _require(condition: bool, message: str) -> None:
-    if not condition:
-        raise InvalidArgument(message)
-
-
-def _check_seq_id(seq_id) -> None:
-    _require(_is_int(seq_id), f"sequence ids are ints, got {seq_id!r}")
-
-
-def _check_token(token) -> None:
-    _require(_is_int(token) and 0 <= token <= MAX_TOKEN, f"tokens are ints in 0..2**63-1, got {token!r}")
-
-
-def _check_prompt(tokens) -> list:
-    _require(isinstance(tokens, (list, tuple)) and len(tokens) > 0,
-             f"a prompt is a non-empty list of tokens, got {tokens!r}")
-    for token in tokens:
-        _check_token(token)
-    return list(tokens)
