@@ -1,4 +1,5 @@
 """Load the pagedkv Hypothesis profile: PAGEDKV_PROFILE, else `ci` under CI, else `dev`."""
+import pytest
 from hypothesis import settings
 
 from pagedkv.fuzz.profiles import default_profile
@@ -17,3 +18,21 @@ def pytest_collection_modifyitems(config, items):
     if gpu_only:
         config.hook.pytest_deselected(items=gpu_only)
         items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+
+
+@pytest.fixture(autouse=True, scope="session")
+def same_examples_on_every_worker():
+    """Hypothesis mixes literals from every *local* module imported so far into its draws. Which
+    modules a pytest-xdist worker has imported depends on which tests it happened to run first, so a
+    derandomized run would draw different programs on different workers and machines, and tests that
+    assert what a run reaches or which oracle fires first would depend on scheduling. Pin that pool
+    to empty for the whole session. (Internal API: if Hypothesis renames it, this fails loudly.)"""
+    from hypothesis.internal.conjecture import providers
+
+    patch = pytest.MonkeyPatch()
+    empty = providers.Constants()
+    patch.setattr(providers, "_get_local_constants", lambda: empty)
+    providers.CONSTANTS_CACHE.cache.clear()
+    yield
+    patch.undo()
+    providers.CONSTANTS_CACHE.cache.clear()

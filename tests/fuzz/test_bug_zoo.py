@@ -2,8 +2,9 @@
 the oracle named here, and the correct subjects pass the very same runs.
 
 Shrinking is left to `pagedkv fuzz` (tests/fuzz/test_campaign.py): here each run stops at its first
-counterexample, so the whole zoo fits the CI budget. The CI profile is derandomized, so which
-oracle fires is deterministic.
+counterexample, so the whole zoo fits the CI budget. The CI profile is derandomized and
+tests/conftest.py pins Hypothesis' pool of local constants, so which oracle fires is the same on
+every worker and machine.
 """
 
 import pytest
