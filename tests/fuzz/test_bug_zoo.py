@@ -17,21 +17,23 @@ from pagedkv.fuzz.subjects import Subject, resolve
 
 NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
 
-#: bug -> the oracle that catches it first (unshrunk, CI profile)
+#: bug -> the oracles whose firing is a symptom of exactly that bug; which one fires first depends on
+#: the first program Hypothesis draws that exposes it (its version changes the draws), so the first
+#: listed is the one seen on this project's pinned machines and the others are the bug's other faces.
 ZOO = {
-    "CowInPlace": "cow_exact",
-    "CowLeaksSource": "cow_exact",      # the leaked refcount makes an unshared tail look shared
-    "FreeStillShared": "free_count",
-    "ForkNoRefcount": "free_count",     # freeing the parent frees blocks the child still holds
-    "EvictedStillIndexed": "oom_exact",  # a stale hit makes a prompt need fewer blocks than the spec says
-    "HashNotChained": "cache_hit",
-    "UnconfirmedWeakHash": "cache_hit",
-    "AllocationNotUndone": "atomic_failure",
-    "DoubleFreeAccepted": "id_errors",
-    "NewBlockLate": "table_shape",
-    "NewBlockEarly": "table_shape",
-    "TailFreedTwice": "free_count",
-    "BlockIdsFromOne": "block_range",
+    "CowInPlace": ("cow_exact", "oom_exact"),           # no copy returned / no block needed when the spec needs one
+    "CowLeaksSource": ("cow_exact", "free_count"),      # the leaked ref count keeps the source "shared" / never free
+    "FreeStillShared": ("free_count", "readback"),
+    "ForkNoRefcount": ("free_count", "readback"),       # freeing the parent frees blocks the child still holds
+    "EvictedStillIndexed": ("oom_exact", "cache_hit", "readback"),  # a stale hit needs fewer blocks / serves wrong KV
+    "HashNotChained": ("cache_hit", "oom_exact", "readback"),       # a hit after a different prefix
+    "UnconfirmedWeakHash": ("cache_hit", "oom_exact", "readback"),
+    "AllocationNotUndone": ("atomic_failure", "free_count"),       # the half-taken blocks stay taken
+    "DoubleFreeAccepted": ("id_errors",),
+    "NewBlockLate": ("table_shape",),
+    "NewBlockEarly": ("table_shape", "oom_exact"),
+    "TailFreedTwice": ("free_count",),
+    "BlockIdsFromOne": ("block_range",),
 }
 
 
@@ -41,7 +43,7 @@ def zoo_subject(name: str) -> Subject:
 
 
 def test_zoo_names_real_oracles():
-    assert set(ZOO.values()) <= set(ORACLES)
+    assert {oracle for oracles in ZOO.values() for oracle in oracles} <= set(ORACLES)
     assert len(ZOO) >= 11
 
 
@@ -49,7 +51,7 @@ def test_zoo_names_real_oracles():
 def test_ci_profile_catches_bug(name):
     tally, failure = check(zoo_subject(name), "ci", phases=NO_SHRINK)
     assert failure is not None, f"{name} escaped {tally['examples']} examples"
-    assert failure["oracle"] == ZOO[name], f"{name}: {failure['oracle']} fired: {failure['message']}"
+    assert failure["oracle"] in ZOO[name], f"{name}: {failure['oracle']} fired: {failure['message']}"
 
 
 @pytest.mark.parametrize("target", ["reference", "spec", "impl"])
