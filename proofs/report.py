@@ -9,7 +9,7 @@ import os
 import time
 from dataclasses import asdict, dataclass
 
-from . import contracts, explicit_bmc
+from . import contracts, explicit_bmc, scenarios
 from .encoding import Bounds, Machine
 from .obligations import (CASES, WRITING_OPS, ObligationResult, atomicity, bmc, cases_cover, exclusivity,
                           induction, initiation, no_leak, step_composition, step_unrolling, witnesses)
@@ -28,6 +28,8 @@ class Profile:
     crosshair_timeout_s: float
     crosshair_targets: tuple = ("blocks.py",)   # spec files whose docstring contracts CrossHair checks
     explicit_depth: int = 6     # explicit-state BMC of the executable spec (proofs/explicit_bmc.py)
+    scenario_per_condition_s: float = 1   # crosshair check of proofs/scenarios.py (strict: vacuous fails)
+    scenario_timeout_s: float = 300       # its whole subprocess (28 conditions: ~35 s CPU at 1 s each)
 
 
 # Smallest bounds where a pool runs out (N=4 blocks, prompts of up to T*B=6 tokens), a block is
@@ -44,7 +46,8 @@ PROFILES = {
     "deep": Profile(induction=(Bounds(5, 2, 4, 3, 3), Bounds(4, 3, 3, 2, 2), Bounds(4, 2, 3, 3, 2, prefix_caching=False)),
                     bmc=CI_BOUNDS, bmc_depth=3, solver_timeout_s=900,
                     crosshair_per_condition_s=20, crosshair_timeout_s=900,
-                    crosshair_targets=("blocks.py", "kvspec.py"), explicit_depth=7),
+                    crosshair_targets=("blocks.py", "kvspec.py"), explicit_depth=7,
+                    scenario_per_condition_s=10, scenario_timeout_s=900),
 }
 
 MULTI_CASE_OPS = sorted({c.op for c in CASES if sum(d.op == c.op for d in CASES) > 1})
@@ -67,6 +70,7 @@ def obligations(profile: str) -> list:
               ("explicit_bmc", (explicit_bmc.Alphabet(), p.explicit_depth))]
     tasks += [("crosshair_check", (target, p.crosshair_per_condition_s, p.crosshair_timeout_s))
               for target in p.crosshair_targets]
+    tasks.append(("crosshair_scenarios", (p.scenario_per_condition_s, p.scenario_timeout_s)))
     tasks += [("diffbehavior", (helper, p.crosshair_per_condition_s, p.crosshair_timeout_s))
               for helper in contracts.TWINS]
     return tasks
@@ -102,6 +106,10 @@ TASKS = {
     "crosshair_check": lambda target, per, t: _crosshair_result(
         f"contract: crosshair check spec/{target}", "contract", f"per condition {per}s",
         lambda: contracts.check_contracts(target, per, t)),
+    "crosshair_scenarios": lambda per, t: _crosshair_result(
+        "contract: crosshair check proofs/scenarios.py (KVSpec operations from driven states, "
+        "vacuous = failed)", "contract", f"N=4 B=2 C=2 cache=on, prompts ≤5 tokens in {{0,1,2}}, per condition {per}s",
+        lambda: contracts.check_scenarios(per, t, skip=tuple(scenarios.BLOCKED))),
     "diffbehavior": lambda helper, per, t: _crosshair_result(
         f"diffbehavior: spec.blocks.{helper} vs {contracts.TWINS[helper]}", "diffbehavior",
         f"per condition {per}s, inside the spec's pre:", lambda: contracts.diff_behavior(helper, per, t)),
@@ -122,7 +130,8 @@ def run_proofs(profile: str = "ci", workers: int = 0) -> list:
     workers = workers or os.cpu_count() or 1
     # The slowest tasks first, so the pool's tail stays short.
     order = sorted(range(len(tasks)),
-                   key=lambda i: tasks[i][0] not in ("explicit_bmc", "bmc", "witnesses", "crosshair_check"))
+                   key=lambda i: tasks[i][0] not in ("explicit_bmc", "bmc", "witnesses", "crosshair_check",
+                                                    "crosshair_scenarios"))
     if workers == 1:
         done = {i: _run_task(tasks[i]) for i in order}
     else:

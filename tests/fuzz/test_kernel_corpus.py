@@ -15,8 +15,9 @@ from pagedkv.fuzz.kernel_corpus import (FORMAT, REPLAY_MODULE, CorpusFormatError
                                         save_failures)
 from pagedkv.fuzz.kernel_machine import generate_cases
 
-#: Failures found once (on a GPU runner or here), committed so they are replayed forever.
-COMMITTED_FAILURES = pathlib.Path(__file__).parent / "kernel_failures.jsonl"
+#: Committed cases, replayed forever: six pinned from real allocation histories, plus every failure
+#: found once (on a GPU runner or here), appended with `--save-failures`.
+COMMITTED_CASES = pathlib.Path(__file__).parent / "kernel_regressions.jsonl"
 
 
 def generate(out, *args):
@@ -76,8 +77,7 @@ def test_saved_failures_are_kept_once_and_replayed_with_the_corpus(tmp_path):
     assert [c["id"] for c in replayed] == [saved[0]["id"]]
 
 
-@pytest.mark.parametrize("case", read_corpus(COMMITTED_FAILURES)[1] if COMMITTED_FAILURES.exists() else [],
-                         ids=lambda case: case["id"])
-def test_committed_failures_replay_green(case):
+@pytest.mark.parametrize("case", read_corpus(COMMITTED_CASES)[1], ids=lambda case: case["id"])
+def test_committed_cases_replay_green(case):
     ok, detail = replay_case(case, "cpu", torch.float32)
     assert ok, detail
