@@ -35,13 +35,7 @@ N, B, C = 4, 2, 2
 
 #: Scenarios CrossHair cannot check non-vacuously today, and why. They stay here, ready, and are left
 #: out of the `pagedkv prove` target (report.py) until the cause is fixed in the spec.
-BLOCKED = {
-    "append_scenario": "KVSpec.append's `post: self.length(seq_id) == __old__.self.length(seq_id) + 1` "
-                       "is false on every path under CrossHair: its __old__ is copy.copy(self), which "
-                       "shares `seqs`, so old and new length agree; CrossHair drops every path through a "
-                       "callee whose postcondition fails, leaving 'Unable to meet precondition'",
-    "step_scenario": "step calls append (see append_scenario)",
-}
+BLOCKED: dict = {}   # scenario -> why CrossHair cannot check it; none at present
 
 
 def _kv() -> KVSpec:

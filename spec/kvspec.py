@@ -110,7 +110,7 @@ class KVSpec:
 
         pre: seq_id in self.seqs and self.status(seq_id) == RUNNING and token >= 0
         post: len(__return__) <= 1
-        post: self.length(seq_id) == __old__.self.length(seq_id) + 1
+        post: self.tokens(seq_id)[-1] == token
         post: len(self.block_table(seq_id)) == blocks_needed(self.length(seq_id), self.block_size)
         post: self.refcount(self.block_table(seq_id)[-1]) == 1
         """
@@ -134,7 +134,6 @@ class KVSpec:
         pre: parent_id in self.seqs and child_id not in self.seqs and self.status(parent_id) == RUNNING
         post: self.block_table(child_id) == self.block_table(parent_id)
         post: self.tokens(child_id) == self.tokens(parent_id)
-        post: self.num_free_blocks() == __old__.self.num_free_blocks()
         """
         check_seq_id(parent_id)
         check_seq_id(child_id)
@@ -153,7 +152,6 @@ class KVSpec:
 
         pre: seq_id in self.seqs
         post: seq_id not in self.seqs
-        post: self.num_free_blocks() >= __old__.self.num_free_blocks()
         """
         seq = self._get(seq_id)
         self._release(seq.block_table)
