@@ -39,10 +39,10 @@ def _print_table(rows, cfg) -> None:
                         f"query/KV heads, head_dim {cfg.head_dim}, float32, block size 16)")
     for column in ("scenario", "seqs", "tokens", "match", "max |dlogit|", "preempt rec/swap", "cached tok",
                    "COW", "s"):
-        table.add_column(column, justify="right", no_wrap=True)
+        table.add_column(column, justify="right", overflow="fold")
     for r in rows:
         table.add_row(r["scenario"], str(r["sequences"]), str(r["tokens"]),
                       "[green]yes[/green]" if r["passed"] else "[red]NO[/red]", f"{r['max_logit_diff']:.1e}",
                       f"{r['preempt_recompute']} / {r['preempt_swap']}", str(r["cached_tokens"]),
                       str(r["cow_copies"]), f"{r['seconds']:.1f}")
-    Console().print(table)
+    Console(width=max(Console().width, 110)).print(table)   # readable when piped, too
