@@ -360,7 +360,7 @@ class Machine:
 
     def step(self, run: Run, batch) -> None:
         """`batch[s]` is (s is in the step's dict, its token); the dict is iterated in id order."""
-        for s, (member, token) in enumerate(batch):
+        for member, token in batch:
             run.fail_unless(z3.Implies(member, token >= 0), "InvalidArgument")
         for s, (member, _) in enumerate(batch):
             with run.when(member):

@@ -191,7 +191,7 @@ def test_sequence_that_outgrows_the_whole_pool_is_aborted_not_livelocked():
     scheduler = Scheduler(bm, SchedulerConfig(watermark=0.0))
     [seq] = scheduler.add_request("long", [1, 2, 3], max_new_tokens=10)   # outgrows the pool at token 5
     aborted = []
-    for step in range(10):
+    for _ in range(10):
         out = scheduler.schedule()
         aborted += out.aborted
         scheduler.update({s: 7 for s in out.seq_ids})
