@@ -50,16 +50,33 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-LOG2E = 1.4426950408889634
+# Module constants a @triton.jit function reads must be constexpr (Triton 3.x refuses other globals).
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+# tanh(y) / y = 1 - y^2/3 + 2y^4/15 - 17y^6/315 + 62y^8/2835 - 1382y^10/155925 + ...; below
+# SERIES_LIMIT the first omitted term is < 1e-8 of the sum, so the series is exact to fp32.
+SERIES_LIMIT = tl.constexpr(0.25)
 
 
 @triton.jit
 def _softcap(x, cap):
-    """cap * tanh(x / cap) without overflow: tanh(y) = sign(y) (1 - e) / (1 + e), e = exp(-2|y|) in (0, 1]."""
+    """cap * tanh(x / cap), accurate in fp32 for every ratio y = x / cap.
+
+    For |y| < SERIES_LIMIT it is x * (tanh(y) / y) by the series above: the result stays relative
+    to x, so a large cap (where x / cap is tiny) costs no precision. The closed form
+    (1 - e) / (1 + e), e = exp(-2|y|), would cancel in 1 - e and lose cap * 2**-24 absolutely.
+    For larger |y| the closed form is accurate (1 - e >= 0.39) and cannot overflow (e in (0, 1]).
+    """
     y = x / cap
+    small = tl.minimum(tl.abs(y), SERIES_LIMIT)  # the series is only used below the limit: no overflow
+    y2 = small * small
+    series = 1.0 + y2 * (-1.0 / 3.0 + y2 * (2.0 / 15.0 + y2 * (-17.0 / 315.0 + y2 * (
+        62.0 / 2835.0 + y2 * (-1382.0 / 155925.0)))))
     e = tl.exp(-2.0 * tl.abs(y))
     t = (1.0 - e) / (1.0 + e)
-    return cap * tl.where(y < 0, -t, t)
+    closed = cap * tl.where(y < 0, -t, t)
+    return tl.where(small < SERIES_LIMIT, x * series, closed)
 
 
 @triton.jit
@@ -119,7 +136,7 @@ def _paged_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    qk_scale = scale * 1.4426950408889634  # scale * log2(e)
+    qk_scale = scale * LOG2E
 
     table_row = tables_ptr + seq * stride_tab
     k_head = k_ptr + kvh.to(tl.int64) * stride_kh
@@ -138,7 +155,7 @@ def _paged_attention_kernel(
         else:
             s = tl.dot(q, tl.trans(k))
         if USE_SOFTCAP:
-            s = _softcap(s * scale, softcap) * 1.4426950408889634
+            s = _softcap(s * scale, softcap) * LOG2E
         else:
             s = s * qk_scale
         ok = row_ok[:, None] & n_ok[None, :]

@@ -7,7 +7,8 @@ plain dense attention on that, one sequence at a time:
     S = scale * Q K^T  (softcap * tanh(S / softcap) if asked), masked to j <= p (causal) and
     j > p - window, P = softmax(S) (a row with no visible key gives 0), O = P V.
 
-``compute_dtype=torch.float32`` is the ground truth. Passing the input dtype (float16/bfloat16)
+``compute_dtype=torch.float32`` is the ground truth (``torch.float64`` a stricter one, computed and
+returned in float64, for checking the kernels' float32 arithmetic itself). Passing the input dtype (float16/bfloat16)
 gives the *naive low-precision* computation: every intermediate (scores, probabilities, output)
 is rounded to that dtype, which is the yardstick the tests use for tolerances.
 """
@@ -31,14 +32,17 @@ def gather_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.T
 
 def dense_attention(q, k, v, q_pos, *, scale, causal=True, sliding_window=None, softcap=None,
                     compute_dtype=torch.float32):
-    """q [Tq, Hq, D], k/v [L, Hkv, D], q_pos [Tq] absolute positions; returns float32 [Tq, Hq, D]."""
+    """q [Tq, Hq, D], k/v [L, Hkv, D], q_pos [Tq] absolute positions; returns [Tq, Hq, D] in float32 (float64 with
+    ``compute_dtype=torch.float64``)."""
     tq, hq, d = q.shape
     hkv = k.shape[1]
     group = hq // hkv
-    rnd = (lambda x: x) if compute_dtype == torch.float32 else (lambda x: x.to(compute_dtype).float())
-    qf = q.float()
-    kf = k.float().repeat_interleave(group, dim=1)
-    vf = v.float().repeat_interleave(group, dim=1)
+    exact = compute_dtype in (torch.float32, torch.float64)
+    base = torch.float64 if compute_dtype == torch.float64 else torch.float32
+    rnd = (lambda x: x) if exact else (lambda x: x.to(compute_dtype).float())
+    qf = q.to(base)
+    kf = k.to(base).repeat_interleave(group, dim=1)
+    vf = v.to(base).repeat_interleave(group, dim=1)
     s = rnd(torch.einsum("thd,lhd->htl", qf, kf))
     s = rnd(s * scale)
     if softcap is not None:
@@ -58,12 +62,16 @@ def dense_attention(q, k, v, q_pos, *, scale, causal=True, sliding_window=None, 
     return o
 
 
+def _result_dtype(compute_dtype):
+    return torch.float64 if compute_dtype == torch.float64 else torch.float32
+
+
 def reference_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, *, scale=None,
                       causal=True, sliding_window=None, softcap=None, compute_dtype=torch.float32):
     """Float32 [T, Hq, D] reference for ``paged_prefill``."""
     d = q.shape[2]
     scale = d ** -0.5 if scale is None else scale
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    out = torch.zeros(q.shape, dtype=_result_dtype(compute_dtype), device=q.device)
     qsl = query_start_loc.tolist()
     lens = seq_lens.tolist()
     for i, seq_len in enumerate(lens):
@@ -83,7 +91,7 @@ def reference_decode(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None,
     """Float32 [S, Hq, D] reference for ``paged_decode`` (length 0 gives zeros)."""
     d = q.shape[2]
     scale = d ** -0.5 if scale is None else scale
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    out = torch.zeros(q.shape, dtype=_result_dtype(compute_dtype), device=q.device)
     for i, seq_len in enumerate(seq_lens.tolist()):
         if seq_len == 0:
             continue
