@@ -18,29 +18,24 @@ import copy
 import time
 from collections import Counter
 
-from hypothesis import HealthCheck, event, settings, strategies as st
+from hypothesis import event, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, \
     run_state_machine_as_test
 
-from pagedkv.impl.block_manager import BlockManager
-from pagedkv.impl.hashing import slot_of
-from pagedkv.impl.scheduler import Scheduler, SchedulerConfig
-from pagedkv.spec import RUNNING, InvalidArgument, KVSpec, OutOfBlocks, PagedKVError
+from pagedkv.impl import BlockManager, Scheduler, SchedulerConfig
+from pagedkv.spec import RUNNING, InvalidArgument, KVSpec, OutOfBlocks, PagedKVError, slot_of
 
-#: (max_examples, stateful_step_count) per profile; "ci" stays well under a minute on 2 cores.
-EFFORT = {"ci": (120, 50), "dev": (400, 60), "deep": (4000, 120)}
+from .profiles import check_profile, settings_for
+from .strategies import (CACHE_HIT, COW, EVICTION, OUT_OF_BLOCKS, FreshIds, bind, pool_configs,
+                         prompts as prompt_strategy, tokens)
 
 SHARED_PREFIXES = ((), (1, 2, 3, 4, 5, 6), (1, 2, 3, 4, 7, 7), (5, 5, 5, 5))
-tokens_st = st.integers(0, 7)
-prompts = st.builds(lambda prefix, suffix: list(prefix) + suffix,
-                    st.sampled_from(SHARED_PREFIXES), st.lists(tokens_st, max_size=5)).filter(bool)
+ALPHABET = 8
+tokens_st = tokens(ALPHABET)
+prompts = prompt_strategy(SHARED_PREFIXES, ALPHABET, max_suffix=5)
 seq_ids_st = st.integers(0, 6)
-configs = st.fixed_dictionaries({
-    "num_blocks": st.integers(1, 12),
-    "block_size": st.integers(1, 5),
-    "num_cpu_blocks": st.integers(0, 6),
-    "prefix_caching": st.sampled_from([True, True, False]),
-})
+configs = pool_configs(num_blocks=st.integers(1, 12), block_size=st.integers(1, 5),
+                       num_cpu_blocks=st.integers(0, 6), prefix_caching=st.sampled_from([True, True, False]))
 
 
 class Renaming:
@@ -62,9 +57,14 @@ class Renaming:
 
 
 class TalliedMachine(RuleBasedStateMachine):
-    """Counts examples, steps and interesting paths for the report (shared by both machines)."""
+    """Counts examples, steps and interesting paths for the report (shared by both machines). A run
+    bound with `tally=` counts there; unbound, each example counts into a tally of its own."""
 
-    tally: Counter = Counter()
+    tally = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tally = self.tally if self.tally is not None else Counter()
 
     def note(self, path: str) -> None:
         """An interesting path: a Hypothesis event, and counted for the report."""
@@ -80,7 +80,7 @@ class DifferentialMachine(TalliedMachine):
         self.spec, self.impl = KVSpec(**config), BlockManager(**config, hash_algo=self.hash_algo,
                                                               max_seqs=2, max_blocks_per_seq=1)
         self.gpu, self.cpu = Renaming("gpu"), Renaming("cpu")
-        self.next_id = 6   # fresh ids start above the small ids `wrong_ids` uses
+        self.fresh = FreshIds(start=6)   # fresh ids start above the small ids `wrong_ids` uses
         self.tally["examples"] += 1
         self.note(f"prefix_caching={config['prefix_caching']}")
 
@@ -103,12 +103,13 @@ class DifferentialMachine(TalliedMachine):
         if isinstance(spec_error, OutOfBlocks):
             assert (spec_error.needed, spec_error.available, spec_error.pool) == \
                    (impl_error.needed, impl_error.available, impl_error.pool), f"{spec_error} vs {impl_error}"
-            self.note(f"out_of_blocks ({spec_error.pool})")
+            self.note(OUT_OF_BLOCKS)
+            self.note(f"{OUT_OF_BLOCKS} ({spec_error.pool})")
         if spec_error is not None:
             assert self.observables() == before, f"failed {operation}{args} changed the manager"
             self.note(f"error {type(spec_error).__name__}")
         if self.impl.pool.evictions > evictions:
-            self.note("eviction")
+            self.note(EVICTION)
         return spec_error is None, spec_result, impl_result
 
     def match_copies(self, spec_copies, impl_copies, src: Renaming, dst: Renaming) -> None:
@@ -127,17 +128,13 @@ class DifferentialMachine(TalliedMachine):
     def ids(self, wanted=lambda status: True) -> list:
         return [s for s in self.spec.seq_ids() if wanted(self.spec.status(s))]
 
-    def fresh(self) -> int:
-        self.next_id += 1
-        return self.next_id
-
     @rule(data=st.data(), tokens=prompts)
     def add(self, data, tokens):
         ok, spec_cached, impl_cached = self.both("add", self.fresh(), tokens)
         if ok:
             assert spec_cached == impl_cached, f"cached tokens {spec_cached} vs {impl_cached}"
             if spec_cached:
-                self.note("cache_hit")
+                self.note(CACHE_HIT)
 
     @precondition(lambda self: self.ids(RUNNING.__eq__))
     @rule(data=st.data(), token=tokens_st)
@@ -149,7 +146,7 @@ class DifferentialMachine(TalliedMachine):
         if ok:
             self.match_copies(spec_copies, impl_copies, self.gpu, self.gpu)
             if spec_copies:
-                self.note("cow")
+                self.note(COW)
 
     @precondition(lambda self: self.ids(RUNNING.__eq__))
     @rule(data=st.data())
@@ -363,27 +360,23 @@ class SchedulerMachine(TalliedMachine):
         self.bm.check()
 
 
-def settings_for_profile(profile: str) -> settings:
-    if profile not in EFFORT:
-        raise ValueError(f"unknown profile {profile!r}; choose one of {', '.join(EFFORT)}")
-    max_examples, steps = EFFORT[profile]
-    return settings(max_examples=max_examples, stateful_step_count=steps, deadline=None,
-                    derandomize=profile == "ci", database=None, print_blob=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+def differential_settings(profile: str, **overrides):
+    """`profile`'s settings for both machines: no example database, the failing blob printed."""
+    return settings_for(profile, database=None, print_blob=True, **overrides)
 
 
-def run_differential_check(profile: str) -> dict:
-    """Run the differential machine under a profile; a dict for `pagedkv check`'s report."""
-    chosen = settings_for_profile(profile)
-    TalliedMachine.tally = Counter()
+def run_differential_check(profile: str, **overrides) -> dict:
+    """Run both machines under a profile (with settings `overrides`); a dict for `pagedkv check`'s report."""
+    check_profile(profile)
+    chosen = differential_settings(profile, **overrides)
+    tally = Counter()
     started = time.monotonic()
     try:
-        run_state_machine_as_test(DifferentialMachine, settings=chosen)
-        run_state_machine_as_test(SchedulerMachine, settings=chosen)
+        run_state_machine_as_test(bind(DifferentialMachine, tally=tally), settings=chosen)
+        run_state_machine_as_test(bind(SchedulerMachine, tally=tally), settings=chosen)
         passed, detail = True, "BlockManager and Scheduler match KVSpec on every observable"
     except Exception as failure:  # noqa: BLE001 -- any failure is a finding to report
         passed, detail = False, f"divergence: {type(failure).__name__}: {failure}"
-    tally = DifferentialMachine.tally
     paths = ", ".join(f"{path} {n}" for path, n in sorted(tally.items()) if path not in ("examples", "steps"))
     return {"name": "differential", "covered": f"{tally['examples']} examples / {tally['steps']} steps",
             "passed": passed, "detail": f"{detail} ({time.monotonic() - started:.1f}s); paths: {paths}"}

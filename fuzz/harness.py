@@ -15,20 +15,23 @@ many prompt tokens the prefix cache must serve. After every operation the named 
 
 from collections import Counter
 
-from hypothesis import event, strategies as st
+from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, multiple, precondition, rule
 
 from pagedkv.spec import (KV, DuplicateSequence, InvalidState, KVSpec, OutOfBlocks, PagedKVError,
                           UnknownSequence, blocks_needed, slot_of)
 
+from .guard import SubjectFault
 from .oracles import OracleFailure
+from .strategies import (CACHE_HIT, COW, EVICTION, OUT_OF_BLOCKS, SWAP, FreshIds, note, pool_configs, record_event,
+                         token_lists as byte_token_lists, tokens)
 
 PROTOCOL = ("add", "append", "fork", "free", "block_table", "num_free_blocks")
 SWAP_PROTOCOL = ("swap_out", "swap_in")
 CAPABILITIES = frozenset({"fork", "prefix_caching", "swap"})
 DEFAULT_CAPABILITIES = frozenset({"fork"})
 #: Paths a campaign reports as covered.
-PATHS = ("cow", "eviction", "hit", "oom", "swap")
+PATHS = (COW, EVICTION, CACHE_HIT, OUT_OF_BLOCKS, SWAP)
 #: Argument names of each operation, for readable programs.
 ARG_NAMES = {"add": ("seq", "tokens"), "append": ("seq", "token"), "fork": ("parent", "child"),
              "free": ("seq",), "block_table": ("seq",), "swap_out": ("seq",), "swap_in": ("seq",)}
@@ -53,12 +56,11 @@ def _attempt(target, op: str, args: tuple):
 class Conformance:
     """One subject, its spec shadow, the harness's ghost memory and sequence model, and the oracles."""
 
-    def __init__(self, factory, config: dict, tally: Counter = None, event=lambda text: None):
+    def __init__(self, factory, config: dict, tally: Counter = None):
         self.config = dict(config)
         self.B = config["block_size"]
         self.shadow = KVSpec(**config)
         self.tally = tally if tally is not None else Counter()
-        self.event = event              # hypothesis.event inside a test, a no-op in `replay`
         self.program, self.trace = [], []
         self.gpu, self.cpu = {}, {}     # ghost memory: flat slot -> KV
         self.tokens = {}                # live sequence -> its tokens, as the harness knows them
@@ -79,6 +81,8 @@ class Conformance:
             return thunk()
         except (PagedKVError, OracleFailure):
             raise
+        except SubjectFault as fault:  # the call guard's finding (fuzz/guard.py): protocol, timeout, exit
+            self.expect(False, fault.oracle, str(fault))
         except Exception as error:  # a subject bug surfaces as a named finding, not a harness crash
             self.expect(False, "crash", f"{what} raised {type(error).__name__}: {error}")
 
@@ -97,18 +101,17 @@ class Conformance:
         self.tally["steps"] += 1
         indexed = set(self.shadow.block_hash.items())
         expected, expected_error = _attempt(self.shadow, op, args)
-        if indexed - set(self.shadow.block_hash.items()):  # only eviction drops an index entry
-            self.note("eviction")
+        note(self.tally, EVICTION, indexed - set(self.shadow.block_hash.items()))  # only eviction unindexes
         before = self.observe()
         result, error = self._guarded(lambda: _attempt(self.subject, op, args), op)
         self.trace.append(format_step(op, args, result, error))
         self._check_error(expected_error, error)
         if error is not None:
-            self.note("oom" if isinstance(error, OutOfBlocks) else None)
+            note(self.tally, OUT_OF_BLOCKS, isinstance(error, OutOfBlocks))
             after = self.observe()
             self.expect(after == before, "atomic_failure",
                         lambda: f"{op} raised {type(error).__name__} but changed the state: {before} -> {after}")
-        self.event(f"{op} -> {type(error).__name__ if error else 'ok'}")
+        record_event(f"{op} -> {type(error).__name__ if error else 'ok'}")
         return error is None, result, expected, before
 
     def _check_error(self, expected, actual) -> None:
@@ -123,11 +126,6 @@ class Conformance:
             self.expect(False, "oom_exact", ("missing OutOfBlocks: " if expected else "spurious OutOfBlocks: ") + said)
         self.expect(False, "state_errors" if InvalidState in kinds else "crash", said)
 
-    def note(self, path) -> None:
-        if path:
-            self.tally[path] += 1
-            self.event(f"path: {path}")
-
     # ------------------------------------------------------------------ operations
 
     def add(self, seq: int, tokens: list) -> None:
@@ -136,7 +134,7 @@ class Conformance:
             return
         self.expect(cached == spec_cached, "cache_hit",
                     f"add({seq}) reports {cached} cached prompt tokens, the spec serves {spec_cached}")
-        self.note("hit" if cached else None)
+        note(self.tally, CACHE_HIT, cached)
         self.tokens[seq] = list(tokens)
         self.write(seq, self.table(seq), range(cached, len(tokens)))
 
@@ -149,7 +147,7 @@ class Conformance:
         new = self.table(seq)
         self.check_copies(seq, old, new, position, [tuple(pair) for pair in copies], before["tables"])
         self.copy(self.gpu, self.gpu, copies)
-        self.note("cow" if copies else None)
+        note(self.tally, COW, copies)
         self.write(seq, new, [position])
 
     def fork(self, parent: int, child: int) -> None:
@@ -173,7 +171,7 @@ class Conformance:
             self.cpu_tables[seq] = [cpu for _, cpu in copies]
             self.check_ids(seq, self.cpu_tables[seq], self.config["num_cpu_blocks"], "cpu")
             self.copy(self.gpu, self.cpu, copies)
-            self.note("swap")
+            note(self.tally, SWAP)
 
     def swap_in(self, seq: int) -> None:
         ok, copies, *_ = self.call("swap_in", seq)
@@ -181,7 +179,7 @@ class Conformance:
             del self.cpu_tables[seq]
             self.table(seq)
             self.copy(self.cpu, self.gpu, copies)
-            self.note("swap")
+            note(self.tally, SWAP)
 
     # ------------------------------------------------------------------ ghost memory
 
@@ -281,21 +279,20 @@ def replay(factory, config: dict, program: list) -> None:
 # ---------------------------------------------------------------------- the Hypothesis machine
 
 ALPHABET = 4  # a tiny alphabet: shared prefixes and hash bugs surface
-tokens_st = st.integers(min_value=0, max_value=ALPHABET - 1)
+tokens_st = tokens(ALPHABET)
 
 
 def token_lists(min_size: int = 0, max_size: int = None) -> st.SearchStrategy:
-    """Token lists drawn as one byte string: one choice instead of one per token (fast, shrinks well)."""
-    return st.binary(min_size=min_size, max_size=max_size).map(lambda raw: [byte % ALPHABET for byte in raw])
+    return byte_token_lists(ALPHABET, min_size, max_size)
 
 
 def configs(capabilities) -> st.SearchStrategy:
-    return st.fixed_dictionaries({
-        "num_blocks": st.one_of(st.integers(1, 3), st.integers(2, 8), st.integers(4, 24)),
-        "block_size": st.one_of(st.integers(1, 4), st.integers(5, 16)),
-        "prefix_caching": st.sampled_from([True, True, True, False]) if "prefix_caching" in capabilities else st.just(False),
-        "num_cpu_blocks": st.integers(0, 8) if "swap" in capabilities else st.just(0),
-    })
+    return pool_configs(
+        num_blocks=st.one_of(st.integers(1, 3), st.integers(2, 8), st.integers(4, 24)),
+        block_size=st.one_of(st.integers(1, 4), st.integers(5, 16)),
+        prefix_caching=st.sampled_from([True, True, True, False]) if "prefix_caching" in capabilities else False,
+        num_cpu_blocks=st.integers(0, 8) if "swap" in capabilities else 0,
+    )
 
 
 class ConformanceMachine(RuleBasedStateMachine):
@@ -303,8 +300,12 @@ class ConformanceMachine(RuleBasedStateMachine):
 
     factory = staticmethod(KVSpec)
     capabilities = DEFAULT_CAPABILITIES
-    tally: Counter = Counter()
+    tally = None     # a run's Counter, bound by `machine_for`; unbound, each example counts its own
     seqs = Bundle("seqs")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tally = self.tally if self.tally is not None else Counter()
 
     @initialize(data=st.data())
     def setup(self, data):
@@ -313,13 +314,9 @@ class ConformanceMachine(RuleBasedStateMachine):
         self.history = data.draw(st.lists(token_lists(B + 1, 3 * B), min_size=2, max_size=3),
                                  label="shared prefixes")
         self.suffixes = token_lists(max_size=B)
-        self.next_id = 0
+        self.fresh_id = FreshIds()
         self.tally["examples"] += 1
-        self.kv = Conformance(self.factory, config, self.tally, event)
-
-    def fresh_id(self) -> int:
-        self.next_id += 1
-        return self.next_id
+        self.kv = Conformance(self.factory, config, self.tally)
 
     def has(self, capability: str) -> bool:
         return capability in self.capabilities
@@ -406,7 +403,7 @@ class ConformanceMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def unknown_id(self, data):
         ops = ["append", "free", "block_table"] + ["fork"] * self.has("fork") + list(SWAP_PROTOCOL) * self.has("swap")
-        op, ghost = data.draw(st.sampled_from(ops), label="op"), UNKNOWN_ID + self.next_id
+        op, ghost = data.draw(st.sampled_from(ops), label="op"), UNKNOWN_ID + self.fresh_id.last
         args = {"append": (ghost, 0), "fork": (ghost, self.fresh_id())}.get(op, (ghost,))
         getattr(self.kv, op)(*args)
 
@@ -420,7 +417,8 @@ class ConformanceMachine(RuleBasedStateMachine):
 
 
 def machine_for(factory, capabilities=DEFAULT_CAPABILITIES, tally: Counter = None, name: str = "subject") -> type:
-    """A `ConformanceMachine` bound to one subject factory. `name` keys the example database."""
+    """A `ConformanceMachine` bound to one subject factory (and, for one run, a tally). `name` keys
+    the example database."""
     attrs = {"factory": staticmethod(factory), "capabilities": frozenset(capabilities),
              "tally": tally if tally is not None else Counter()}
     return type(f"Conformance[{name}]", (ConformanceMachine,), attrs)

@@ -31,24 +31,21 @@ from hypothesis import event, seed as hypothesis_seed, strategies as st
 from hypothesis.control import current_build_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
-from pagedkv.impl.block_manager import BlockManager
-from pagedkv.impl.scheduler import Scheduler, SchedulerConfig
+from pagedkv.impl import BlockManager, Scheduler, SchedulerConfig
 from pagedkv.kernels import copy_blocks, write_kv
 from pagedkv.spec import PagedKVError
 
 from .kernel_corpus import (FAILURES_ENV, Heads, check_attention, kv_values, make_case, prefix_keys, queries,
                             read_back_problem, save_failures)
-from .profiles import EFFORT, Effort, settings_for
-from .spec_machine import SHARED_PREFIXES, tokens_st
+from .profiles import EFFORT, kernel_settings_for, settings_for
+from .spec_machine import ALPHABET, SHARED_PREFIXES, tokens_st
+from .strategies import (CACHE_HIT, COW, RECOMPUTE, RESUME, SCHEDULER_STEP, STEP_PREEMPT, SWAP, FreshIds,
+                         bind, note, summary, pool_configs, prompts)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 #: The smallest GQA shape worth having: one KV head shared by a group of 3 (not a power of two).
 HEADS = Heads(num_kv_heads=1, group=3, head_dim=16)
-#: Each kernel launch costs tens of milliseconds per program under the interpreter: fewer, shorter runs.
-KERNEL_EFFORT = {"ci": Effort(max_examples=8, stateful_step_count=30),
-                 "dev": Effort(max_examples=40, stateful_step_count=30),
-                 "deep": Effort(max_examples=400, stateful_step_count=60)}
-PATHS = ("cache_hit", "cow", "swap", "recompute", "resume", "step_preempt", "scheduler_step")
+PATHS = (CACHE_HIT, COW, SWAP, RECOMPUTE, RESUME, STEP_PREEMPT, SCHEDULER_STEP)
 
 
 @dataclass(frozen=True)
@@ -60,13 +57,9 @@ class Limits:
     max_prompt: int = 6   # tokens after the shared prefix
 
     def configs(self):
-        return st.fixed_dictionaries({
-            "num_blocks": st.integers(4, self.max_blocks),
-            "block_size": st.integers(1, self.max_block_size),
-            "num_cpu_blocks": st.integers(0, self.max_blocks // 2),
-            "prefix_caching": st.booleans(),
-            "kv_seed": st.integers(0, 2 ** 32 - 1),
-        })
+        return pool_configs(num_blocks=st.integers(4, self.max_blocks), block_size=st.integers(1, self.max_block_size),
+                            num_cpu_blocks=st.integers(0, self.max_blocks // 2), prefix_caching=st.booleans(),
+                            kv_seed=st.integers(0, 2 ** 32 - 1))
 
     def scheduler_configs(self):
         """The cost model picks swap for cheap KV (small kv_bytes_per_token), recompute for dear."""
@@ -74,8 +67,7 @@ class Limits:
                          kv_bytes_per_token=st.sampled_from([1024, 10 ** 7]))
 
     def prompts(self):
-        return st.builds(lambda prefix, suffix: list(prefix) + suffix, st.sampled_from(SHARED_PREFIXES),
-                         st.lists(tokens_st, max_size=self.max_prompt)).filter(bool)
+        return prompts(SHARED_PREFIXES, ALPHABET, max_suffix=self.max_prompt)
 
 
 class PagedCache:
@@ -129,7 +121,8 @@ def free_blocks(bm) -> tuple[list, list]:
 
 class KernelMachine(RuleBasedStateMachine):
     """`manager_factory`, `scheduled`, `limits`, `heads`, `run_kernels`, `record` (a callable taking
-    each checked batch's case, or None), `tally` and `failures` are set per run by subclassing."""
+    each checked batch's case, or None), `tally` and `failures` (a list collecting the cases of
+    final, shrunk failures) are set per run by `bind`; unbound, each example gets its own."""
 
     manager_factory = BlockManager
     scheduled = False
@@ -137,8 +130,13 @@ class KernelMachine(RuleBasedStateMachine):
     heads = HEADS
     run_kernels = True
     record = None
-    tally: Counter = Counter()
-    failures: list = []
+    tally = None
+    failures = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tally = self.tally if self.tally is not None else Counter()
+        self.failures = self.failures if self.failures is not None else []
 
     @initialize(data=st.data())
     def setup(self, data):
@@ -154,7 +152,7 @@ class KernelMachine(RuleBasedStateMachine):
         self.tokens = {}    # seq id -> its tokens as this test gave them (never read from the manager)
         self.prefill = {}   # seq id -> positions computed or restored since the last check
         self.changed = False
-        self.next_id = 0
+        self.fresh = FreshIds()
         self.checks = 0
         self.tally["examples"] += 1
 
@@ -181,9 +179,7 @@ class KernelMachine(RuleBasedStateMachine):
             self.cache.write(self.bm.slot_mapping(seq_ids, counts) if slots is None else slots, keys)
 
     def note(self, path: str, taken) -> None:
-        if taken:
-            self.tally[path] += 1
-            event(f"path: {path}")
+        note(self.tally, path, bool(taken))
 
     def by_hand(self) -> bool:
         return self.scheduler is None
@@ -199,14 +195,13 @@ class KernelMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.by_hand())
     @rule(data=st.data())
     def add(self, data):
-        prompt = data.draw(self.limits.prompts(), label="prompt")
-        self.next_id += 1
-        ok, cached = self.attempt("add", self.next_id, prompt)
+        prompt, seq_id = data.draw(self.limits.prompts(), label="prompt"), self.fresh()
+        ok, cached = self.attempt("add", seq_id, prompt)
         if ok:
-            self.tokens[self.next_id] = list(prompt)
-            self.compute([self.next_id], [len(prompt) - cached])
-            self.prefill[self.next_id] = len(prompt) - cached
-            self.note("cache_hit", cached)
+            self.tokens[seq_id] = list(prompt)
+            self.compute([seq_id], [len(prompt) - cached])
+            self.prefill[seq_id] = len(prompt) - cached
+            self.note(CACHE_HIT, cached)
 
     @precondition(lambda self: self.by_hand() and self.running())
     @rule(data=st.data(), token=tokens_st)
@@ -218,21 +213,20 @@ class KernelMachine(RuleBasedStateMachine):
         if ok:
             self.tokens[seq_id].append(token)
             self.compute([seq_id], [1])
-            self.note("cow", copies)
+            self.note(COW, copies)
 
     @precondition(lambda self: self.by_hand() and self.running())
     @rule(data=st.data(), diverge=st.none() | st.tuples(tokens_st, tokens_st))
     def fork(self, data, diverge):
         """Fork a running sequence; with `diverge`, parent and child each decode a token at once
         (sampling in parallel: a shared partial tail is copied on write)."""
-        parent = data.draw(st.sampled_from(self.running()), label="parent")
-        self.next_id += 1
-        ok, _ = self.attempt("fork", parent, self.next_id)
+        parent, child = data.draw(st.sampled_from(self.running()), label="parent"), self.fresh()
+        ok, _ = self.attempt("fork", parent, child)
         if ok:
-            self.tokens[self.next_id] = list(self.tokens[parent])
+            self.tokens[child] = list(self.tokens[parent])
             if diverge:
                 self.append_to(parent, diverge[0])
-                self.append_to(self.next_id, diverge[1])
+                self.append_to(child, diverge[1])
 
     @precondition(lambda self: self.by_hand() and self.tokens)
     @rule(data=st.data())
@@ -247,7 +241,7 @@ class KernelMachine(RuleBasedStateMachine):
     @rule(data=st.data(), mode=st.sampled_from(["recompute", "swap"]))
     def preempt(self, data, mode):
         ok, _ = self.attempt("preempt", data.draw(st.sampled_from(self.running()), label="seq"), mode)
-        self.note("swap" if mode == "swap" else "recompute", ok)
+        self.note(SWAP if mode == "swap" else RECOMPUTE, ok)
 
     @precondition(lambda self: self.by_hand() and self.paused())
     @rule(data=st.data())
@@ -261,7 +255,7 @@ class KernelMachine(RuleBasedStateMachine):
             computed = 0 if swapped else len(self.tokens[seq_id]) - self.bm.cached_tokens(seq_id)
             self.compute([seq_id], [computed])
             self.prefill[seq_id] = len(self.tokens[seq_id]) if swapped else computed
-            self.note("resume", True)
+            self.note(RESUME, True)
 
     @precondition(lambda self: self.by_hand() and self.running())
     @rule(data=st.data())
@@ -273,8 +267,8 @@ class KernelMachine(RuleBasedStateMachine):
         for seq_id in result.appended:
             self.tokens[seq_id].append(tokens[seq_id])
         self.compute(result.appended, [1] * len(result.appended))
-        self.note("step_preempt", result.preempted)
-        self.note("cow", result.copies)
+        self.note(STEP_PREEMPT, result.preempted)
+        self.note(COW, result.copies)
 
     # -------------------------------------------------------------- the scheduler drives
 
@@ -282,9 +276,8 @@ class KernelMachine(RuleBasedStateMachine):
     @rule(data=st.data(), n=st.integers(1, 3), max_new_tokens=st.integers(1, 16))
     def request(self, data, n, max_new_tokens):
         prompt = data.draw(self.limits.prompts(), label="prompt")
-        self.next_id += 1
         try:
-            seq_ids = self.scheduler.add_request(self.next_id, prompt, max_new_tokens, n)
+            seq_ids = self.scheduler.add_request(self.fresh(), prompt, max_new_tokens, n)
         except PagedKVError as error:   # a prompt the pool can never hold is refused up front
             event(f"request -> {type(error).__name__}")
             return
@@ -303,11 +296,11 @@ class KernelMachine(RuleBasedStateMachine):
             seq_id = prefill.seq_id
             if seq_id in self.tokens:
                 self.tokens[seq_id].append(self.sampled.pop(seq_id))
-                self.note("resume", True)
+                self.note(RESUME, True)
             else:
                 self.tokens[seq_id] = list(self.prompts.pop(seq_id))
             self.prefill[seq_id] = prefill.num_computed_tokens
-            self.note("cache_hit", prefill.num_cached_tokens)
+            self.note(CACHE_HIT, prefill.num_cached_tokens)
         for child, parent in out.forked.items():
             self.tokens[child] = list(self.tokens[parent])
             del self.prompts[child]
@@ -325,12 +318,12 @@ class KernelMachine(RuleBasedStateMachine):
         self.sampled.update((s, t) for s, t in sampled.items() if s not in finished)
         self.cache.poison(*free_blocks(self.bm))
         self.changed = bool(ran or out.preempted or out.swapped_out or out.aborted)
-        self.note("scheduler_step", ran)
-        self.note("step_preempt", out.preempted or out.swapped_out)
-        self.note("swap", out.swapped_out)
-        self.note("recompute", out.preempted)
-        self.note("resume", out.swapped_in)
-        self.note("cow", len(out.copies.cow))
+        self.note(SCHEDULER_STEP, ran)
+        self.note(STEP_PREEMPT, out.preempted or out.swapped_out)
+        self.note(SWAP, out.swapped_out)
+        self.note(RECOMPUTE, out.preempted)
+        self.note(RESUME, out.swapped_in)
+        self.note(COW, len(out.copies.cow))
 
     # -------------------------------------------------------------- checks
 
@@ -404,16 +397,14 @@ def _trim_padding(row: list) -> list:
 # ------------------------------------------------------------------ runs
 
 def run_kernel_machine(profile: str, *, failures_path=None, seed=None, settings=None, **attributes) -> Counter:
-    """Run the machine under `profile` (scaled down by KERNEL_EFFORT) or explicit `settings`, with
+    """Run the machine under `profile` (scaled down by profiles.KERNEL_EFFORT) or explicit `settings`, with
     class `attributes` overridden. The cases of shrunk failures are appended to `failures_path`
     (default: $PAGEDKV_KERNEL_FAILURES) before the failure propagates. Returns the tally."""
     tally, failures = Counter(), []
-    machine = type("KernelMachineRun", (KernelMachine,), {"tally": tally, "failures": failures, **attributes})
+    machine = bind(KernelMachine, tally=tally, failures=failures, **attributes)
     if seed is not None:
         machine = hypothesis_seed(seed)(machine)
-    effort = KERNEL_EFFORT[profile]
-    settings = settings or settings_for(profile, max_examples=effort.max_examples,
-                                        stateful_step_count=effort.stateful_step_count)
+    settings = settings or kernel_settings_for(profile)
     failures_path = failures_path or os.environ.get(FAILURES_ENV)
     try:
         run_state_machine_as_test(machine, settings=settings)
@@ -433,7 +424,7 @@ def run_kernel_state_check(profile: str) -> dict:
                 "detail": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
                           + (f" (case appended to {saved})" if saved else "")}
     missed = [path for path in PATHS if not tally[path]]
-    paths = ", ".join(f"{path}={tally[path]}" for path in PATHS)
+    paths = summary(tally, PATHS)
     return {
         "name": "kernel-state",
         "covered": (f"{tally['examples']} examples, {tally['steps']} steps, {tally['decode_checks']} decode + "

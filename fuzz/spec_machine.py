@@ -16,34 +16,35 @@ from hypothesis.stateful import (Bundle, RuleBasedStateMachine, initialize, inva
 from pagedkv.spec import DuplicateSequence, KVSpec, OutOfBlocks, PagedKVError
 
 from .profiles import settings_for
+from .strategies import (CACHE_HIT, COW, EVICTION, OUT_OF_BLOCKS, RECOMPUTE, STEP_PREEMPT, SWAP, FreshIds,
+                         bind, note, summary, pool_configs, prompts as prompt_strategy, tokens)
 
 #: Paths the CI profile must reach; `run_spec_check` reports how often each was taken.
-PATHS = ("cow", "eviction", "cache_hit", "out_of_blocks", "swap", "recompute", "step_preempt")
+PATHS = (COW, EVICTION, CACHE_HIT, OUT_OF_BLOCKS, SWAP, RECOMPUTE, STEP_PREEMPT)
 
 SHARED_PREFIXES = ((), (1, 2, 3, 4, 5, 6, 7, 8), (1, 2, 3, 4, 9, 9, 9, 9), (5, 5, 5, 5, 5, 5))
-tokens_st = st.integers(min_value=0, max_value=9)
-prompts = st.builds(
-    lambda prefix, suffix: list(prefix) + suffix,
-    st.sampled_from(SHARED_PREFIXES), st.lists(tokens_st, max_size=6),
-).filter(bool)
-configs = st.fixed_dictionaries({
-    "num_blocks": st.integers(1, 12),
-    "block_size": st.integers(1, 4),
-    "num_cpu_blocks": st.integers(0, 6),
-    "prefix_caching": st.sampled_from([True, True, False]),
-})
+ALPHABET = 10
+tokens_st = tokens(ALPHABET)
+prompts = prompt_strategy(SHARED_PREFIXES, ALPHABET, max_suffix=6)
+configs = pool_configs(num_blocks=st.integers(1, 12), block_size=st.integers(1, 4),
+                       num_cpu_blocks=st.integers(0, 6), prefix_caching=st.sampled_from([True, True, False]))
 
 
 class SpecMachine(RuleBasedStateMachine):
-    """White-box check of the spec. `tally` (a Counter) collects examples, steps and paths."""
+    """White-box check of the spec. A run bound with `tally=` collects examples, steps and paths
+    there; unbound, each example counts into a tally of its own."""
 
     seq_ids = Bundle("seq_ids")
-    tally: Counter = Counter()
+    tally = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tally = self.tally if self.tally is not None else Counter()
 
     @initialize(config=configs)
     def setup(self, config):
         self.kv = KVSpec(**config)
-        self.next_id = 0
+        self.new_id = FreshIds()
         self.tally["examples"] += 1
 
     # -------------------------------------------------------------- helpers
@@ -57,22 +58,12 @@ class SpecMachine(RuleBasedStateMachine):
             result = getattr(self.kv, operation)(*args)
         except PagedKVError as error:
             assert self.kv.snapshot() == before, f"failed {operation}{args} changed the state"
-            self.note_path("out_of_blocks" if isinstance(error, OutOfBlocks) else None)
+            note(self.tally, OUT_OF_BLOCKS, isinstance(error, OutOfBlocks))
             event(f"{operation} -> {type(error).__name__}")
             return False, error
-        if indexed_before - set(self.kv.block_hash.items()):  # only eviction drops an index entry
-            self.note_path("eviction")
+        note(self.tally, EVICTION, indexed_before - set(self.kv.block_hash.items()))  # only eviction unindexes
         event(f"{operation} ok")
         return True, result
-
-    def note_path(self, path):
-        if path:
-            self.tally[path] += 1
-            event(f"path: {path}")
-
-    def new_id(self):
-        self.next_id += 1
-        return self.next_id
 
     def running(self):
         return [s for s in self.kv.seq_ids() if self.kv.status(s) == "running"]
@@ -84,14 +75,14 @@ class SpecMachine(RuleBasedStateMachine):
         seq_id = self.new_id()
         ok, cached = self.attempt("add", seq_id, prompt)
         if ok and cached:
-            self.note_path("cache_hit")
+            note(self.tally, CACHE_HIT)
         return seq_id
 
     @rule(seq_id=seq_ids, token=tokens_st)
     def append(self, seq_id, token):
         ok, copies = self.attempt("append", seq_id, token)
         if ok and copies:
-            self.note_path("cow")
+            note(self.tally, COW)
 
     @precondition(lambda self: self.running())
     @rule(data=st.data(), tokens=st.lists(tokens_st, min_size=1, max_size=3))
@@ -125,7 +116,7 @@ class SpecMachine(RuleBasedStateMachine):
     def preempt(self, seq_id, mode):
         ok, _ = self.attempt("preempt", seq_id, mode)
         if ok:
-            self.note_path("swap" if mode == "swap" else "recompute")
+            note(self.tally, SWAP if mode == "swap" else RECOMPUTE)
 
     @rule(seq_id=seq_ids)
     def resume(self, seq_id):
@@ -139,9 +130,9 @@ class SpecMachine(RuleBasedStateMachine):
         ok, result = self.attempt("step", tokens)
         assert ok, f"step must not fail on running sequences: {result!r}"
         if result.preempted:
-            self.note_path("step_preempt")
+            note(self.tally, STEP_PREEMPT)
         if result.copies:
-            self.note_path("cow")
+            note(self.tally, COW)
 
     # -------------------------------------------------------------- bad inputs
 
@@ -156,10 +147,10 @@ class SpecMachine(RuleBasedStateMachine):
     def malformed_or_unknown(self, data):
         """One bad call: a malformed argument or an id that was never added. All must fail."""
         seq_id = data.draw(st.sampled_from(self.kv.seq_ids() or [0]))
-        ghost = self.next_id + 1000
+        ghost = self.new_id.last + 1000
         operation, *args = data.draw(st.sampled_from([
-            ("add", self.next_id + 500, []), ("add", self.next_id + 500, [1, -3]),
-            ("add", self.next_id + 500, "abc"), ("add", self.next_id + 500, [1.5]), ("add", "x", [1]),
+            ("add", self.new_id.last + 500, []), ("add", self.new_id.last + 500, [1, -3]),
+            ("add", self.new_id.last + 500, "abc"), ("add", self.new_id.last + 500, [1.5]), ("add", "x", [1]),
             ("append", seq_id, -1), ("append", seq_id, 2.0), ("append", seq_id, True),
             ("preempt", seq_id, "discard"), ("step", [seq_id]), ("step", {seq_id: -1}),
             ("refcount", self.kv.num_blocks), ("refcount", -1),
@@ -188,8 +179,7 @@ class SpecMachine(RuleBasedStateMachine):
 def run_spec_machine(profile: str, **overrides) -> Counter:
     """Run the spec's stateful check under `profile`; return the tally of examples, steps, paths."""
     tally = Counter()
-    machine = type("SpecMachineRun", (SpecMachine,), {"tally": tally})
-    run_state_machine_as_test(machine, settings=settings_for(profile, **overrides))
+    run_state_machine_as_test(bind(SpecMachine, tally=tally), settings=settings_for(profile, **overrides))
     return tally
 
 
@@ -197,7 +187,7 @@ def run_spec_check(profile: str) -> dict:
     """The `pagedkv check` entry: the stateful check, and every interesting path reached."""
     tally = run_spec_machine(profile)
     missed = [path for path in PATHS if not tally[path]]
-    paths = ", ".join(f"{path}={tally[path]}" for path in PATHS)
+    paths = summary(tally, PATHS)
     return {
         "name": "spec-stateful",
         "covered": f"{tally['examples']} examples, {tally['steps']} steps ({paths})",

@@ -2,9 +2,9 @@
 import pytest
 from hypothesis import settings
 
-from pagedkv.fuzz.profiles import default_profile
+from pagedkv.fuzz.profiles import default_profile, hypothesis_profile
 
-settings.load_profile(default_profile())
+settings.load_profile(hypothesis_profile(default_profile()))
 
 
 def pytest_collection_modifyitems(config, items):

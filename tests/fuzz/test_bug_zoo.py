@@ -59,4 +59,4 @@ def test_correct_subjects_pass_the_same_runs(target):
     subject = zoo_subject("Reference") if target == "reference" else resolve(target)
     tally, failure = check(subject, "ci", phases=NO_SHRINK)
     assert failure is None, f"{failure['oracle']}: {failure['message']}\n" + "\n".join(failure["trace"])
-    assert tally["examples"] >= 100 and tally["cow"] and tally["hit"] and tally["oom"] and tally["eviction"]
+    assert tally["examples"] >= 100 and tally["cow"] and tally["cache_hit"] and tally["out_of_blocks"] and tally["eviction"]

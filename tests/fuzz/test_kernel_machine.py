@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, Phase, settings
 from pagedkv.fuzz import kernel_corpus
 from pagedkv.fuzz.kernel_corpus import read_corpus, replay_case
 from pagedkv.fuzz.kernel_machine import PATHS, Limits, run_kernel_machine, run_kernel_state_check
-from pagedkv.impl.block_manager import BlockManager
+from pagedkv.impl import BlockManager
 from pagedkv.kernels import paged_decode
 
 QUICK = settings(max_examples=30, stateful_step_count=15, deadline=None, database=None, derandomize=True,
