@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import xxhash
 
-from pagedkv.impl.block_manager import BlockManager
+from pagedkv.impl import BlockManager
 
 
 class SimpleEngineBooks:

@@ -3,7 +3,7 @@ import json
 
 import click
 
-from pagedkv.impl import planner
+from pagedkv.impl.sim import planner
 
 
 @click.command()

@@ -1,5 +1,5 @@
-"""`pagedkv prove`: run the proof obligations (Z3 induction and BMC, CrossHair contracts and
-diffbehavior) and print one row per obligation."""
+"""`pagedkv prove`: run the proof obligations (Z3 induction and BMC, CrossHair contracts)
+and print one row per obligation."""
 import json
 
 import click

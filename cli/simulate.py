@@ -42,9 +42,10 @@ def simulate(trace_file, allocator, prefix_caching, block_size, pool_blocks, poo
              swap_gibps, sweep, out, as_json):
     """Replay TRACE_FILE (see `pagedkv trace`) and report KV utilization, waste, concurrency, preemptions,
     prefix hits and simulated TTFT / inter-token latency."""
-    from pagedkv.impl import planner, sim_report
-    from pagedkv.impl import simulator as sim
-    from pagedkv.impl.trace import TraceError, read_trace
+    from pagedkv.impl.sim import planner
+    from pagedkv.impl.sim import report as sim_report
+    from pagedkv.impl.sim import simulator as sim
+    from pagedkv.impl.sim.trace import TraceError, read_trace
 
     if (pool_blocks is None) == (pool_gib is None):
         raise click.UsageError("give exactly one of --pool-blocks and --pool-gib")

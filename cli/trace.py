@@ -1,9 +1,9 @@
-"""`pagedkv trace`: synthesize request traces and summarize trace files (format in pagedkv.impl.trace)."""
+"""`pagedkv trace`: synthesize request traces and summarize trace files (format in pagedkv.impl.sim.trace)."""
 import json
 
 import click
 
-from pagedkv.impl import trace as tr
+from pagedkv.impl.sim import trace as tr
 
 
 @click.group()

@@ -15,7 +15,7 @@ from .harness import CAPABILITIES, DEFAULT_CAPABILITIES, PROTOCOL, SWAP_PROTOCOL
 
 NAMED = {
     "spec": "pagedkv.spec.kvspec:KVSpec",
-    "impl": "pagedkv.impl.block_manager:BlockManager",
+    "impl": "pagedkv.impl:BlockManager",
 }
 PROBE = {"num_blocks": 2, "block_size": 2, "prefix_caching": False, "num_cpu_blocks": 0}
 

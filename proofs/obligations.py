@@ -19,7 +19,7 @@ from .zinvariants import ALL, NAMED, STRENGTHENING, inductive_invariant
 @dataclass
 class ObligationResult:
     name: str
-    kind: str        # initiation, induction, atomicity, exclusivity, BMC, contract, diffbehavior
+    kind: str        # initiation, induction, atomicity, exclusivity, BMC, contract
     bounds: str
     passed: bool
     seconds: float

@@ -71,8 +71,6 @@ def obligations(profile: str) -> list:
     tasks += [("crosshair_check", (target, p.crosshair_per_condition_s, p.crosshair_timeout_s))
               for target in p.crosshair_targets]
     tasks.append(("crosshair_scenarios", (p.scenario_per_condition_s, p.scenario_timeout_s)))
-    tasks += [("diffbehavior", (helper, p.crosshair_per_condition_s, p.crosshair_timeout_s))
-              for helper in contracts.TWINS]
     return tasks
 
 
@@ -109,10 +107,7 @@ TASKS = {
     "crosshair_scenarios": lambda per, t: _crosshair_result(
         "contract: crosshair check proofs/scenarios.py (KVSpec operations from driven states, "
         "vacuous = failed)", "contract", f"N=4 B=2 C=2 cache=on, prompts ≤5 tokens in {{0,1,2}}, per condition {per}s",
-        lambda: contracts.check_scenarios(per, t, skip=tuple(scenarios.BLOCKED))),
-    "diffbehavior": lambda helper, per, t: _crosshair_result(
-        f"diffbehavior: spec.blocks.{helper} vs {contracts.TWINS[helper]}", "diffbehavior",
-        f"per condition {per}s, inside the spec's pre:", lambda: contracts.diff_behavior(helper, per, t)),
+        lambda: contracts.check_scenarios(per, t)),
 }
 
 

@@ -33,9 +33,6 @@ else:
 
 N, B, C = 4, 2, 2
 
-#: Scenarios CrossHair cannot check non-vacuously today, and why. They stay here, ready, and are left
-#: out of the `pagedkv prove` target (report.py) until the cause is fixed in the spec.
-BLOCKED: dict = {}   # scenario -> why CrossHair cannot check it; none at present
 
 
 def _kv() -> KVSpec:

@@ -1,5 +1,5 @@
-"""Pure helpers of paged KV bookkeeping. The production allocator has a twin of each; CrossHair
-compares them (`crosshair diffbehavior`) and checks the contracts written in these docstrings."""
+"""Pure helpers of paged KV bookkeeping, with contracts in their docstrings that CrossHair checks.
+The production allocator calls `blocks_needed` itself, so the proved function is the one it runs."""
 
 from typing import NamedTuple, Optional, Sequence
 

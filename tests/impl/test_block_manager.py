@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from pagedkv.impl.block_manager import BlockManager
+from pagedkv.impl import BlockManager
+from pagedkv.impl.alloc.rows import RowTables
 from pagedkv.spec import (DuplicateSequence, InvalidArgument, InvalidState, KVSpec, OutOfBlocks,
                           UnknownSequence)
 
@@ -19,9 +20,9 @@ def state(bm: BlockManager) -> dict:
                      bm.cpu_block_table(s)) for s in bm.seq_ids()},
         "counts": (bm.num_free_blocks(), bm.num_evictable_blocks(), bm.num_free_cpu_blocks()),
         "refcounts": [bm.refcount(b) for b in range(bm.num_blocks)],
-        "pending": copy.deepcopy(bm._pending),
+        "pending": copy.deepcopy(bm.copies.pairs),
         "metrics": bm.metrics(),
-        "tables": bm.tables.tolist(),
+        "tables": bm.rows.tables.tolist(),
     }
 
 
@@ -233,17 +234,21 @@ def test_block_tables_slot_mapping_and_seq_lens():
 
 def test_cpu_table_tensor_is_updated_in_place():
     bm = BlockManager(8, 2, max_seqs=4, max_blocks_per_seq=4)
-    tensor = bm.device_tables
+    tensor = bm.rows.device_tensor
     bm.add(1, [1, 2])
     bm.append(1, 3)
-    assert bm.device_tables is tensor
+    assert bm.rows.device_tensor is tensor
     assert tensor[bm.row_of[1], :2].tolist() == bm.block_table(1)
 
 
-class MirroredBlockManager(BlockManager):
+class MirroredRows(RowTables):
     """Keeps a separate table tensor, synced row by row, as on a GPU (testable without one)."""
 
     shares_host_memory = False
+
+
+class MirroredBlockManager(BlockManager):
+    row_tables = MirroredRows
 
 
 def test_device_tables_sync_only_changed_rows():
@@ -251,17 +256,17 @@ def test_device_tables_sync_only_changed_rows():
     bm.add(1, [1, 2, 3])
     bm.add(2, [4])
     assert bm.block_tables([1, 2]).tolist() == [bm.block_table(1), bm.block_table(2) + [-1]]
-    assert not bm._dirty.any()
+    assert not bm.rows.dirty.any()
     bm.append_batch([1, 2], [5, 6])            # 2 writes into its tail, 1 fills a block: no new block
-    assert not bm._dirty.any()
+    assert not bm.rows.dirty.any()
     bm.append_batch([1, 2], [7, 8])            # 1 takes a new block, 2 a new block too
-    assert bm._dirty[[bm.row_of[1], bm.row_of[2]]].all()
+    assert bm.rows.dirty[[bm.row_of[1], bm.row_of[2]]].all()
     bm.free(2)
     bm.add(3, [9] * 5)                         # reuses 2's row
     assert bm.block_tables([3, 1]).tolist() == [bm.block_table(3), bm.block_table(1)]
     bm.add(4, [9] * 9)                         # more rows and columns: a new tensor, all rows dirty
     assert bm.block_tables([4, 3]).tolist() == [bm.block_table(4), bm.block_table(3) + [-1, -1]]
-    assert torch.equal(bm.device_tables, torch.from_numpy(bm.tables))
+    assert torch.equal(bm.rows.device_tensor, torch.from_numpy(bm.rows.tables))
 
 
 def test_copies_are_queued_as_tensors_and_drained():

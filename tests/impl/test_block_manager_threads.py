@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from pagedkv.impl.block_manager import BlockManager
+from pagedkv.impl import BlockManager
 from pagedkv.spec import OutOfBlocks
 
 THREADS, OPERATIONS = 4, 400

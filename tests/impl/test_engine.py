@@ -4,7 +4,7 @@ import torch
 from click.testing import CliRunner
 
 from pagedkv.impl import engine
-from pagedkv.impl.model import ModelConfig, TinyTransformer, dense_causal_attention, pick
+from pagedkv.impl.engine import ModelConfig, TinyTransformer, dense_causal_attention, pick
 
 
 @pytest.fixture(scope="module")

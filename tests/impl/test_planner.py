@@ -6,7 +6,7 @@ from click.testing import CliRunner
 from hypothesis import given, strategies as st
 
 from pagedkv.cli.plan import plan as plan_cmd
-from pagedkv.impl.planner import (GiB, KiB, MiB, PlanError, blocks_for, gib_to_bytes,
+from pagedkv.impl.sim.planner import (GiB, KiB, MiB, PlanError, blocks_for, gib_to_bytes,
                                   kv_bytes_per_token, kv_heads_per_rank, plan)
 
 

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from pagedkv.impl.block_manager import BlockManager
-from pagedkv.impl.scheduler import Scheduler, SchedulerConfig
+from pagedkv.impl import BlockManager
+from pagedkv.impl import Scheduler, SchedulerConfig
 from pagedkv.spec import InvalidArgument
 
 RECOMPUTE_CHEAP = SchedulerConfig(watermark=0.0, prefill_tokens_per_s=1e12, swap_bytes_per_s=1.0)

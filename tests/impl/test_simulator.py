@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagedkv.cli.main import main
-from pagedkv.impl import simulator as sim
-from pagedkv.impl.contiguous import ContiguousAllocator
-from pagedkv.impl.trace import Request, TraceConfig, synthesize, write_trace
+from pagedkv.impl.sim import simulator as sim
+from pagedkv.impl.sim.contiguous import ContiguousAllocator
+from pagedkv.impl.sim.trace import Request, TraceConfig, synthesize, write_trace
 
 
 def config(allocator, *, block_size=4, num_blocks=64, max_seq_len=32, **kw):
@@ -208,5 +208,5 @@ def test_cli_needs_one_pool_size(tmp_path):
 
 
 def _len(mean):
-    from pagedkv.impl.trace import LengthDist
+    from pagedkv.impl.sim.trace import LengthDist
     return LengthDist("lognormal", mean, 0.5)

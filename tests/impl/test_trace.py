@@ -6,7 +6,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings, strategies as st
 
 from pagedkv.cli.trace import trace as trace_cmd
-from pagedkv.impl.trace import (LengthDist, Request, TraceConfig, TraceError, parse_trace, read_trace,
+from pagedkv.impl.sim.trace import (LengthDist, Request, TraceConfig, TraceError, parse_trace, read_trace,
                                 synthesize, trace_stats, write_trace)
 
 

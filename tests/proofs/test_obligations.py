@@ -3,7 +3,7 @@ the report/check entry points have the agreed shapes."""
 from pagedkv.proofs import report
 from pagedkv.proofs.report import ObligationResult, run_proof_check, run_proofs
 
-KINDS = {"initiation", "induction", "atomicity", "exclusivity", "BMC", "contract", "diffbehavior"}
+KINDS = {"initiation", "induction", "atomicity", "exclusivity", "BMC", "contract"}
 
 
 def test_quick_obligations_hold():
@@ -19,7 +19,7 @@ def test_ci_profile_covers_every_case_and_kind():
     names = [name for name, _ in tasks]
     assert names.count("induction") == len(report.CASES)
     assert {"initiation", "step_composition", "step_unrolling", "atomicity", "exclusivity", "bmc", "witnesses",
-            "crosshair_check", "diffbehavior"} <= set(names)
+            "crosshair_check", "crosshair_scenarios", "explicit_bmc"} <= set(names)
     assert report.PROFILES["ci"].bmc_depth >= 2
 
 

@@ -1,11 +1,10 @@
 """Continuous-batching scheduler over a `BlockManager`.
 
 Each `schedule()` call is one engine step:
-1. decode: every running sequence writes its last sampled token. While the blocks that takes exceed
-   the free ones, the most recently admitted running sequence is preempted, by recompute or swap,
-   whichever the cost model says is cheaper for that victim (swap only when the CPU pool has room).
-   The capacity is re-read after each preemption, so blocks the victim shares with other sequences
-   are never counted as freed. Only then are the tokens appended (tables published).
+1. decode: the block manager's `step` (the spec's): every running sequence writes its last sampled
+   token; while the blocks that takes exceed the free ones, the most recently admitted running
+   sequence is preempted, by recompute or swap, whichever the cost model says is cheaper for that
+   victim (swap only when the CPU pool has room).
 2. if nothing was preempted: swap sequences back in, then admit waiting ones (preempted by
    recompute first, then new requests, FIFO), each only while its blocks fit above the watermark.
 3. the output names what the engine runs and the tensors its kernels read.
@@ -22,10 +21,10 @@ from typing import Optional
 
 import torch
 
-from pagedkv.spec import InvalidArgument
+from pagedkv.spec import SWAPPED, InvalidArgument
 
-from .block_manager import BlockManager, Copies
-from .hashing import blocks_needed
+from pagedkv.impl.alloc import BlockManager, Copies
+from pagedkv.spec.blocks import blocks_needed
 
 
 @dataclass(frozen=True)
@@ -79,7 +78,6 @@ class Scheduler:
         self.waiting: deque = deque()     # requests not yet admitted, FIFO
         self.preempted: deque = deque()   # seq ids preempted by recompute, earliest admitted first
         self.swapped: deque = deque()     # seq ids swapped out, earliest admitted first
-        self.running: dict = {}           # seq ids in admission order; the last is preempted first
         self.pending: dict = {}           # seq id -> sampled token not yet written
         self.generated: dict = {}         # seq id -> tokens sampled so far
         self.request_of: dict = {}        # seq id -> _Request
@@ -111,6 +109,11 @@ class Scheduler:
         needed = blocks_needed(prompt_len + max_new_tokens, self.bm.block_size)
         return needed <= self.bm.num_blocks - self.watermark_blocks
 
+    @property
+    def running(self) -> list:
+        """Running seq ids in admission order (the block manager's; the last is preempted first)."""
+        return self.bm.running()
+
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.preempted or self.swapped or self.running)
 
@@ -138,7 +141,6 @@ class Scheduler:
             self.generated[seq_id] += 1
             if self.generated[seq_id] >= request.max_new_tokens or token == request.eos:
                 self.bm.free(seq_id)
-                del self.running[seq_id]
                 self.pending.pop(seq_id, None)
                 del self.request_of[seq_id], self.generated[seq_id]
                 finished.append(seq_id)
@@ -149,22 +151,19 @@ class Scheduler:
     # ---------------------------------------------------------------- phases
 
     def _decode(self, out: SchedulerOutput) -> None:
-        batch = [s for s in self.running if s in self.pending]
-        while batch and self.bm.blocks_for_append(batch) > self.bm.num_free_blocks():
-            victim, _ = self.running.popitem()
-            if self.preempt_mode(victim) == "swap":
-                self.bm.preempt(victim, "swap")
+        """The block manager's `step`, each victim preempted the way `preempt_mode` prefers."""
+        result = self.bm.step({s: self.pending[s] for s in self.running if s in self.pending},
+                              preempt_mode=self.preempt_mode)
+        for victim in result.preempted:
+            if self.bm.status(victim) == SWAPPED:
                 self.swapped.appendleft(victim)
                 out.swapped_out.append(victim)
             else:
-                self.bm.preempt(victim, "recompute")
                 self.preempted.appendleft(victim)
                 out.preempted.append(victim)
-            if batch[-1] == victim:   # the batch is in admission order too
-                batch.pop()
-        if batch:
-            self.bm.append_batch(batch, [self.pending.pop(s) for s in batch])
-        out.decodes = batch
+        for seq_id in result.appended:
+            del self.pending[seq_id]
+        out.decodes = list(result.appended)
 
     def _abort_outgrown(self, queue: deque, out: SchedulerOutput, blocks_to_resume) -> None:
         """Free the preempted sequences that even an empty pool could not take back (they would
@@ -193,39 +192,58 @@ class Scheduler:
     def _room_for(self, n: int) -> bool:
         return len(self.running) + n <= self.config.max_num_seqs
 
+    # ---------------------------------------------------------------- admission: the one rule
+
+    def _swap_in_blocks(self, seq_id) -> int:
+        return len(self.bm.cpu_block_table(seq_id)) + 1   # +1: it writes its pending token at once
+
+    def _resume_blocks(self, seq_id) -> int:
+        # A recompute victim re-prefills its tokens plus its pending one (conservatively ignoring
+        # cache hits when checking the fit).
+        return blocks_needed(self.bm.length(seq_id) + 1, self.bm.block_size)
+
+    def _prompt_blocks(self, request: _Request) -> int:
+        return blocks_needed(len(request.prompt), self.bm.block_size)
+
+    def admission_heads(self) -> list:
+        """(sequences, blocks) each queue head the next step would place needs: swapped first,
+        then recompute victims, then new requests, which wait while victims do."""
+        heads = []
+        if self.swapped:
+            heads.append((1, self._swap_in_blocks(self.swapped[0])))
+        if self.preempted:
+            heads.append((1, self._resume_blocks(self.preempted[0])))
+        elif self.waiting:
+            heads.append((len(self.waiting[0].seq_ids), self._prompt_blocks(self.waiting[0])))
+        return heads
+
+    def waits_for_blocks(self) -> bool:
+        """Whether a queue head that has a sequence slot waits for blocks (memory refuses it)."""
+        return any(self._room_for(n) and not self._fits(blocks) for n, blocks in self.admission_heads())
+
     def _swap_in(self, out: SchedulerOutput) -> None:
-        # +1: the swapped-in sequence writes its pending token in this very step.
-        self._abort_outgrown(self.swapped, out, lambda s: len(self.bm.cpu_block_table(s)) + 1)
-        while self.swapped and self._room_for(1) \
-                and self._fits(len(self.bm.cpu_block_table(self.swapped[0])) + 1):
+        self._abort_outgrown(self.swapped, out, self._swap_in_blocks)
+        while self.swapped and self._room_for(1) and self._fits(self._swap_in_blocks(self.swapped[0])):
             seq_id = self.swapped.popleft()
             self.bm.swap_in(seq_id)
             self.bm.append(seq_id, self.pending.pop(seq_id))
-            self.running[seq_id] = None
             out.swapped_in.append(seq_id)
             out.decodes.append(seq_id)
 
     def _admit(self, out: SchedulerOutput) -> None:
-        # A recompute victim re-prefills its tokens plus its pending one (conservatively ignoring
-        # cache hits when checking the fit).
-        self._abort_outgrown(self.preempted, out,
-                             lambda s: blocks_needed(self.bm.length(s) + 1, self.bm.block_size))
-        while self.preempted and self._room_for(1) and self._fits(
-                blocks_needed(self.bm.length(self.preempted[0]) + 1, self.bm.block_size)):
+        self._abort_outgrown(self.preempted, out, self._resume_blocks)
+        while self.preempted and self._room_for(1) and self._fits(self._resume_blocks(self.preempted[0])):
             seq_id = self.preempted.popleft()
             self.bm.resume(seq_id)
             self.bm.append(seq_id, self.pending.pop(seq_id))
             cached = self.bm.cached_tokens(seq_id)
             out.prefills.append(Prefill(seq_id, cached, self.bm.length(seq_id) - cached))
-            self.running[seq_id] = None
         while not self.preempted and self.waiting and self._room_for(len(self.waiting[0].seq_ids)) \
-                and self._fits(blocks_needed(len(self.waiting[0].prompt), self.bm.block_size)):
+                and self._fits(self._prompt_blocks(self.waiting[0])):
             request = self.waiting.popleft()
             first, *children = request.seq_ids
             cached = self.bm.add(first, request.prompt)
             out.prefills.append(Prefill(first, cached, len(request.prompt) - cached))
-            self.running[first] = None
             for child in children:
                 self.bm.fork(first, child)
                 out.forked[child] = first
-                self.running[child] = None

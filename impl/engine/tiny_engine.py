@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .block_manager import BlockManager
+from pagedkv.impl.alloc import BlockManager
+from pagedkv.impl.sched import Scheduler, SchedulerConfig
+
 from .model import ModelConfig, TinyTransformer, pick, reference_generate
 from .paged_runner import Batch, PagedRunner
-from .scheduler import Scheduler, SchedulerConfig
 
 LOGIT_TOLERANCE = 1e-3
 SCENARIOS = ("mixed", "parallel", "prefix", "preempt-recompute", "preempt-swap")

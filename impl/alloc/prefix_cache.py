@@ -14,17 +14,16 @@ Every full block that holds computed KV (live, or released but still indexed) ha
 content lives while a block or a child content refers to it.
 """
 
-from .hashing import ChainHash
+from .chain_hash import ChainHash
 
 
 class Content:
     """The tokens of one full block after one exact prefix (the parent content)."""
 
-    __slots__ = ("parent", "tokens", "hash", "refs", "indexed_block")
+    __slots__ = ("parent", "tokens", "hash", "refs")
 
     def __init__(self, parent, tokens: tuple, hash_: int):
         self.parent, self.tokens, self.hash, self.refs = parent, tokens, hash_, 0
-        self.indexed_block = None   # the block indexed under this hash, when it holds this content
 
     @property
     def key(self) -> tuple:
@@ -34,22 +33,28 @@ class Content:
 class PrefixCache:
     def __init__(self, chain_hash: ChainHash):
         self.chain_hash = chain_hash
-        self.hash_to_block: dict = {}
-        self.block_hash: dict = {}       # indexed block -> its hash
+        self.hash_to_block: dict = {}    # the index: chained hash -> the block cached under it
         self.content_of: dict = {}       # full block -> Content
         self.contents: dict = {}         # (parent Content | None, tokens) -> Content
 
     def is_indexed(self, block: int) -> bool:
-        return block in self.block_hash
+        content = self.content_of.get(block)
+        return content is not None and self.hash_to_block.get(content.hash) == block
+
+    def indexed_block(self, content: Content):
+        """The block cached under `content`'s hash if it holds that content (a hit), else None."""
+        block = self.hash_to_block.get(content.hash)
+        return block if block is not None and self.content_of[block] is content else None
 
     def lookup(self, tokens: list, max_blocks: int, block_size: int) -> list:
         """Indexed blocks holding the leading full blocks of `tokens`, at most `max_blocks`."""
         hits, parent = [], None
         for j in range(max_blocks):
             parent = self.contents.get((parent, tuple(tokens[j * block_size:(j + 1) * block_size])))
-            if parent is None or parent.indexed_block is None:
+            block = None if parent is None else self.indexed_block(parent)
+            if block is None:
                 break
-            hits.append(parent.indexed_block)
+            hits.append(block)
         return hits
 
     def fill(self, block: int, parent_block, block_tokens: tuple) -> None:
@@ -68,15 +73,12 @@ class PrefixCache:
         self.content_of[block] = content
         if content.hash not in self.hash_to_block:
             self.hash_to_block[content.hash] = block
-            self.block_hash[block] = content.hash
-            content.indexed_block = block
 
     def forget(self, block: int) -> None:
         """`block` is wiped (freed or evicted): drop it from the index and release its content."""
+        if self.is_indexed(block):
+            del self.hash_to_block[self.content_of[block].hash]
         content = self.content_of.pop(block, None)
-        if block in self.block_hash:
-            del self.hash_to_block[self.block_hash.pop(block)]
-            content.indexed_block = None
         while content is not None:
             content.refs -= 1
             if content.refs:
@@ -87,20 +89,13 @@ class PrefixCache:
     def problems(self, block_tokens) -> list:
         """Broken parts of the `cache_index` invariant (`block_tokens[b]`: what block b holds)."""
         problems = []
-        if {b: h for h, b in self.hash_to_block.items()} != self.block_hash:
-            problems.append("hash_to_block and block_hash are not inverse maps")
         for block, content in self.content_of.items():
             if tuple(block_tokens[block].tolist()) != content.tokens:
                 problems.append(f"block {block} does not hold the tokens of its content")
             parent_hash = content.parent and content.parent.hash
             if content.hash != self.chain_hash(parent_hash, content.tokens):
                 problems.append(f"block {block}'s content hash is not its chained hash")
-        for block, h in self.block_hash.items():
+        for h, block in self.hash_to_block.items():
             if block not in self.content_of or self.content_of[block].hash != h:
                 problems.append(f"indexed block {block} does not hold content hashing to {h}")
-            elif self.content_of[block].indexed_block != block:
-                problems.append(f"indexed block {block} is not its content's indexed block")
-        indexed = sum(c.indexed_block is not None for c in self.contents.values())
-        if indexed != len(self.block_hash):
-            problems.append(f"{indexed} contents name an indexed block, {len(self.block_hash)} are indexed")
         return problems

@@ -36,11 +36,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .block_manager import BlockManager
+from pagedkv.impl.alloc import BlockManager
+from pagedkv.impl.sched import Scheduler, SchedulerConfig
+
 from .contiguous import ContiguousAllocator
-from .hashing import blocks_needed
 from .planner import MiB
-from .scheduler import Scheduler, SchedulerConfig
 from .trace import Request
 
 ALLOCATORS = ("contiguous", "paged")
@@ -251,7 +251,7 @@ class PagedBackend(_Backend):
     def step(self) -> StepOutcome:
         sched = self.scheduler
         out = sched.schedule()
-        if out.preempted or out.swapped_out or self._admission_refused():
+        if out.preempted or out.swapped_out or sched.waits_for_blocks():
             self._memory_refused(r.req_id for r in sched.waiting)
         ran = [p.seq_id for p in out.prefills] + list(out.forked) + out.decodes
         step = StepOutcome(prefill_tokens=sum(p.num_computed_tokens for p in out.prefills),
@@ -265,24 +265,6 @@ class PagedBackend(_Backend):
         for seq_id in sched.update(tokens):
             del self.sample_of[seq_id], self.generated[seq_id]
         return step
-
-    def _admission_refused(self) -> bool:
-        """A queue head the scheduler would place next waits for blocks, not for a sequence slot.
-        (The Scheduler reports no refusals, so its admission test is restated from its public state:
-        swapped heads need their blocks + 1, recompute victims blocks for length + 1, new requests
-        their prompt's blocks, all above the watermark; new requests wait while victims do.)"""
-        sched, B = self.scheduler, self.cfg.block_size
-        heads = []   # (sequences, blocks)
-        if sched.swapped:
-            heads.append((1, len(self.bm.cpu_block_table(sched.swapped[0])) + 1))
-        if sched.preempted:
-            heads.append((1, blocks_needed(self.bm.length(sched.preempted[0]) + 1, B)))
-        elif sched.waiting:
-            head = sched.waiting[0]
-            heads.append((len(head.seq_ids), blocks_needed(len(head.prompt), B)))
-        free = self.bm.num_free_blocks() - sched.watermark_blocks
-        room = sched.config.max_num_seqs - len(sched.running)
-        return any(n <= room and blocks > free for n, blocks in heads)
 
     def _occupancy(self) -> Occupancy:
         """Useful slots count each physical block once, however many tables share it."""

@@ -11,6 +11,8 @@ the other) is rejected because no engine shards KV heads that way.
 import math
 from dataclasses import asdict, dataclass
 
+from pagedkv.spec.blocks import blocks_needed
+
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
@@ -68,7 +70,7 @@ def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype: str, tp
 
 def blocks_for(tokens: int, block_size: int) -> int:
     _require_positive(tokens=tokens, block_size=block_size)
-    return -(-tokens // block_size)
+    return blocks_needed(tokens, block_size)
 
 
 def plan(layers: int, kv_heads: int, head_dim: int, dtype: str, block_size: int,

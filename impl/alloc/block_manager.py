@@ -5,13 +5,18 @@ as the spec; the differential fuzz test (`pagedkv.fuzz.differential`) holds it t
 is how state is kept, so that an engine's per-step work is a handful of numpy operations:
 
 - each sequence owns a *row* of a preallocated int32 block-table array (`-1` past its blocks),
-  shared with a torch tensor (the same memory on CPU; synced row by row on other devices);
+  shared with a torch tensor (the same memory on CPU; synced row by row on other devices):
+  `rows.py`. Its status, length and admission stamp live in the row, and nothing else: the
+  running list is derived from them;
 - `block_tokens[b]` holds the token ids written into block b, as a real cache holds their KV, so a
   running sequence's tokens are read back through its table and nothing else is stored per token;
 - ref counts, lengths and statuses are numpy arrays, so `append_batch` for a whole batch is
   vectorized; only the rare sequences that copy-on-write or fill a block under prefix caching
   take a short Python loop;
-- copies the engine must perform (copy-on-write, swap out, swap in) queue up until `take_copies`.
+- copies the engine must perform (copy-on-write, swap out, swap in) queue up until `take_copies`
+  (`copies.py`); the GPU pool (`block_pool.py`), CPU swap pool (`cpu_pool.py`), prefix cache
+  (`prefix_cache.py`), batch argument checks (`arguments.py`) and invariants (`invariants.py`)
+  each have their own file, so this one reads like the spec's operations.
 
 Concurrency: every public method holds one re-entrant lock, so a manager may be shared between
 threads; each call is atomic (and a failed call changes nothing), but a sequence of calls is not.
@@ -22,41 +27,35 @@ preallocated tables, which grow (re-allocating the tensor) if a workload goes be
 
 import functools
 import threading
-from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from pagedkv.spec import (RUNNING, SWAPPED, WAITING, DuplicateSequence, InvalidArgument,
-                          InvalidState, InvariantViolation, OutOfBlocks, StepResult, UnknownSequence)
+from pagedkv.spec import (DuplicateSequence, InvalidArgument, InvalidState, InvariantViolation, OutOfBlocks,
+                          StepResult, UnknownSequence)
 from pagedkv.spec.arguments import check_seq_id, check_step_tokens, check_token, is_int, require
+from pagedkv.spec.blocks import blocks_needed
 
+from .arguments import check_prompt, check_token_batch
 from .block_pool import BlockPool
-from .hashing import CHAIN_HASHES, blocks_needed
+from .chain_hash import CHAIN_HASHES
+from .copies import Copies, PendingCopies
+from .cpu_pool import CpuPool
+from .invariants import invariant_problems
 from .prefix_cache import PrefixCache
+from .rows import RUNNING_CODE, STATUSES, SWAPPED_CODE, WAITING_CODE, RowTables
 
-STATUSES = (RUNNING, WAITING, SWAPPED)
-_RUNNING, _WAITING, _SWAPPED = range(3)
 PREEMPT_MODES = ("recompute", "swap")
+
+
 @dataclass
 class _Seq:
-    row: int
+    """What a sequence holds beyond its row's arrays."""
+    seq_id: int
     cached_tokens: int = 0
     waiting_tokens: list = field(default_factory=list)   # only while waiting (it holds no blocks)
     cpu_block_table: list = field(default_factory=list)  # only while swapped
-
-
-class Copies(NamedTuple):
-    """Pending block copies as int64 [P, 2] (src, dst) tensors, drained once per engine step and
-    performed in field order, before the step's KV writes. Swap-outs go first: a block a victim
-    released may be taken again in the same step (a copy-on-write target, a new tail). Swap-ins
-    and copy-on-writes within one step touch disjoint blocks (both only blocks that stay live)."""
-
-    swap_out: torch.Tensor   # (gpu, cpu)
-    swap_in: torch.Tensor    # (cpu, gpu)
-    cow: torch.Tensor        # (gpu, gpu)
 
 
 def _locked(method):
@@ -69,6 +68,7 @@ def _locked(method):
 
 class BlockManager:
     capabilities = frozenset({"fork", "prefix_caching", "swap"})
+    row_tables = RowTables   # how rows are stored (a test swaps in a device-like mirror on CPU)
 
     def __init__(self, num_blocks: int, block_size: int, *, num_cpu_blocks: int = 0,
                  prefix_caching: bool = False, device="cpu", max_seqs: int = 256,
@@ -76,33 +76,28 @@ class BlockManager:
         require(is_int(num_blocks) and num_blocks >= 1, f"num_blocks must be >= 1, got {num_blocks!r}")
         require(is_int(block_size) and block_size >= 1, f"block_size must be >= 1, got {block_size!r}")
         require(is_int(num_cpu_blocks) and num_cpu_blocks >= 0,
-                 f"num_cpu_blocks must be >= 0, got {num_cpu_blocks!r}")
+                f"num_cpu_blocks must be >= 0, got {num_cpu_blocks!r}")
         require(is_int(max_seqs) and max_seqs >= 1, f"max_seqs must be >= 1, got {max_seqs!r}")
         require(is_int(max_blocks_per_seq) and max_blocks_per_seq >= 1,
-                 f"max_blocks_per_seq must be >= 1, got {max_blocks_per_seq!r}")
+                f"max_blocks_per_seq must be >= 1, got {max_blocks_per_seq!r}")
         require(callable(hash_algo) or hash_algo in CHAIN_HASHES,
-                 f"hash_algo must be one of {tuple(CHAIN_HASHES)} or a chain-hash function, got {hash_algo!r}")
+                f"hash_algo must be one of {tuple(CHAIN_HASHES)} or a chain-hash function, got {hash_algo!r}")
         self.num_blocks, self.block_size, self.num_cpu_blocks = num_blocks, block_size, num_cpu_blocks
         self.prefix_caching = bool(prefix_caching)
         self.device = torch.device(device)
         chain_hash = hash_algo if callable(hash_algo) else CHAIN_HASHES[hash_algo]
         self.cache = PrefixCache(chain_hash) if self.prefix_caching else None
         self.pool = BlockPool(num_blocks, self.cache)
+        self.cpu_pool = CpuPool(num_cpu_blocks, block_size)
         self.block_tokens = np.zeros((num_blocks, block_size), dtype=np.int64)
-        self.cpu_block_tokens = np.zeros((num_cpu_blocks, block_size), dtype=np.int64)
-        self.cpu_free_queue = deque(range(num_cpu_blocks))
-        self.seqs: dict = {}                  # seq_id -> _Seq, in creation order
-        self.row_of: dict = {}                # seq_id -> row, the hot path's lookup
-        self.running: OrderedDict = OrderedDict()   # running seq_ids, earliest admitted first
-        self._free_rows: list = []
+        self.rows = self.row_tables(max_seqs, max_blocks_per_seq, self.device)
+        self.row_of: dict = {}                # seq_id -> row, in creation order
+        self.copies = PendingCopies(self.device)
         self._admissions = 0
-        self._rows_version = 0                # bumped whenever a row is recycled
-        self._last_batch = None               # (seq_ids, rows, version): engines repeat batches
-        self._pending = {"swap_out": [], "swap_in": [], "cow": []}
+        self._last_batch = None               # (seq_ids, rows, rows.version): engines repeat batches
         self.stats = dict.fromkeys(("prompt_tokens", "cached_tokens", "copies", "swap_outs",
                                     "swap_ins", "preempt_recompute", "preempt_swap"), 0)
         self._lock = threading.RLock()
-        self._allocate_rows(max_seqs, max_blocks_per_seq)
 
     # ---------------------------------------------------------------- spec operations
 
@@ -111,14 +106,13 @@ class BlockManager:
         """Admit a prompt: ceil(len/B) blocks, the longest confirmed cached prefix shared.
         Returns the prompt tokens served from cache."""
         check_seq_id(seq_id)
-        written = _check_prompt(tokens)
-        if seq_id in self.seqs:
+        written = check_prompt(tokens)
+        if seq_id in self.row_of:
             raise DuplicateSequence(seq_id)
         hits, needed = self._plan_prompt(tokens)
-        seq = _Seq(row=self._take_row())
-        self.seqs[seq_id], self.row_of[seq_id] = seq, seq.row
-        self._place_prompt(seq_id, seq, written, hits, needed)
-        return seq.cached_tokens
+        row = self._new_row(seq_id)
+        self._place_prompt(row, written, hits, needed)
+        return self.rows.seq[row].cached_tokens
 
     @_locked
     def append(self, seq_id: int, token: int) -> list:
@@ -132,30 +126,26 @@ class BlockManager:
         """Start `child_id` sharing every block of running `parent_id` (ref count + 1 each)."""
         check_seq_id(parent_id)
         check_seq_id(child_id)
-        parent = self._get(parent_id)
-        if child_id in self.seqs:
+        parent = self._row(parent_id)
+        if child_id in self.row_of:
             raise DuplicateSequence(child_id)
-        if self.row_status[parent.row] != _RUNNING:
+        if self.rows.row_status[parent] != RUNNING_CODE:
             raise InvalidState(f"cannot fork sequence {parent_id!r}: it is {self.status(parent_id)}")
-        table = self._table(parent.row)
+        table = self.rows.table(parent)
         self.pool.share(table)
-        child = _Seq(row=self._take_row(), cached_tokens=0)
-        self.seqs[child_id], self.row_of[child_id] = child, child.row
-        self.seq_len[child.row] = self.seq_len[parent.row]
-        self._set_table(child.row, table)
-        self._make_running(child_id, child.row)
+        child = self._new_row(child_id)
+        self.rows.seq_len[child] = self.rows.seq_len[parent]
+        self.rows.set_table(child, table)
+        self._make_running(child)
 
     @_locked
     def free(self, seq_id: int) -> None:
         """Finish or cancel a sequence in any status and release everything it holds."""
-        seq = self._get(seq_id)
-        self.pool.release(self._table(seq.row))
-        self.cpu_free_queue.extend(seq.cpu_block_table)
-        self._set_table(seq.row, [])
-        self.running.pop(seq_id, None)
-        del self.seqs[seq_id], self.row_of[seq_id]
-        self._free_rows.append(seq.row)
-        self._rows_version += 1
+        row = self._row(seq_id)
+        self.pool.release(self.rows.table(row))
+        self.cpu_pool.release(self.rows.seq[row].cpu_block_table)
+        del self.row_of[seq_id]
+        self.rows.recycle(row)
 
     @_locked
     def preempt(self, seq_id: int, mode: str = "recompute") -> list:
@@ -165,50 +155,49 @@ class BlockManager:
         if mode not in PREEMPT_MODES:
             raise InvalidArgument(f"preempt mode must be one of {PREEMPT_MODES}, got {mode!r}")
         row = self._running_row(seq_id)
-        seq, table = self.seqs[seq_id], self._table(row)
+        seq, table = self.rows.seq[row], self.rows.table(row)
         copies = []
         if mode == "recompute":
             seq.waiting_tokens = self._running_tokens(row)
             self.stats["preempt_recompute"] += 1
         else:
-            if len(table) > len(self.cpu_free_queue):
-                raise OutOfBlocks(len(table), len(self.cpu_free_queue), pool="cpu")
-            seq.cpu_block_table = [self.cpu_free_queue.popleft() for _ in table]
-            self.cpu_block_tokens[seq.cpu_block_table] = self.block_tokens[table]
+            if len(table) > self.cpu_pool.num_free():
+                raise OutOfBlocks(len(table), self.cpu_pool.num_free(), pool="cpu")
+            seq.cpu_block_table = self.cpu_pool.take(len(table))
+            self.cpu_pool.block_tokens[seq.cpu_block_table] = self.block_tokens[table]
             copies = list(zip(table, seq.cpu_block_table))
-            self._pending["swap_out"] += copies
+            self.copies.add("swap_out", copies)
             self.stats["preempt_swap"] += 1
             self.stats["swap_outs"] += len(copies)
         self.pool.release(table)
-        self._set_table(row, [])
-        self.row_status[row] = _WAITING if mode == "recompute" else _SWAPPED
-        del self.running[seq_id]
+        self.rows.set_table(row, [])
+        self.rows.row_status[row] = WAITING_CODE if mode == "recompute" else SWAPPED_CODE
         return copies
 
     @_locked
     def resume(self, seq_id: int) -> list:
         """Waiting: allocate like `add` of its tokens. Swapped: new unshared GPU blocks copied
         back from the CPU blocks, which are freed. Returns the (cpu, gpu) copies."""
-        seq = self._get(seq_id)
-        status = self.row_status[seq.row]
-        if status == _RUNNING:
+        row = self._row(seq_id)
+        seq, status = self.rows.seq[row], self.rows.row_status[row]
+        if status == RUNNING_CODE:
             raise InvalidState(f"sequence {seq_id!r} is already running")
-        if status == _WAITING:
+        if status == WAITING_CODE:
             hits, needed = self._plan_prompt(seq.waiting_tokens)
-            self._place_prompt(seq_id, seq, np.array(seq.waiting_tokens, dtype=np.int64), hits, needed)
+            self._place_prompt(row, np.array(seq.waiting_tokens, dtype=np.int64), hits, needed)
             seq.waiting_tokens = []
             return []
         cpu_table = seq.cpu_block_table
         self._require_free(len(cpu_table))
         table = self.pool.take(len(cpu_table))
-        self.block_tokens[table] = self.cpu_block_tokens[cpu_table]
-        self.cpu_free_queue.extend(cpu_table)
+        self.block_tokens[table] = self.cpu_pool.block_tokens[cpu_table]
+        self.cpu_pool.release(cpu_table)
         seq.cpu_block_table = []
-        self._set_table(seq.row, table)
-        self._make_running(seq_id, seq.row)
-        self._fill_cache(table, 0, int(self.seq_len[seq.row]) // self.block_size)
+        self.rows.set_table(row, table)
+        self._make_running(row)
+        self._fill_cache(table, 0, int(self.rows.seq_len[row]) // self.block_size)
         copies = list(zip(cpu_table, table))
-        self._pending["swap_in"] += copies
+        self.copies.add("swap_in", copies)
         self.stats["swap_ins"] += len(copies)
         return copies
 
@@ -217,25 +206,26 @@ class BlockManager:
 
     @_locked
     def swap_in(self, seq_id: int) -> list:
-        if self.row_status[self._get(seq_id).row] != _SWAPPED:
+        if self.rows.row_status[self._row(seq_id)] != SWAPPED_CODE:
             raise InvalidState(f"sequence {seq_id!r} is not swapped")
         return self.resume(seq_id)
 
     @_locked
-    def step(self, tokens: dict) -> StepResult:
+    def step(self, tokens: dict, preempt_mode=lambda seq_id: "recompute") -> StepResult:
         """One batched decode step, as the spec's: while the step's new blocks exceed the free
-        ones, preempt (recompute) the latest admitted running sequence and drop its token; then
-        append the rest in admission order."""
+        ones, preempt the latest admitted running sequence and drop its token; then append the
+        rest in admission order. The spec preempts by recompute; a scheduler may pass
+        `preempt_mode(victim) -> "recompute" | "swap"` to choose per victim."""
         check_step_tokens(tokens)
         for seq_id in tokens:
             self._running_row(seq_id)
         batch, preempted = dict(tokens), []
         while self.blocks_for_append(list(batch)) > self.pool.num_free():
-            victim = next(reversed(self.running))
-            self.preempt(victim, "recompute")
+            victim = self.rows.seq[self.rows.latest_running_row()].seq_id
+            self.preempt(victim, preempt_mode(victim))
             preempted.append(victim)
             batch.pop(victim, None)
-        order = sorted(batch, key=lambda s: self.admitted[self.row_of[s]])
+        order = sorted(batch, key=lambda s: self.rows.admitted[self.row_of[s]])
         copies = self.append_batch(order, [batch[s] for s in order]) if order else []
         return StepResult(appended=order, preempted=preempted, copies=copies)
 
@@ -245,7 +235,7 @@ class BlockManager:
     def append_batch(self, seq_ids, tokens) -> list:
         """Append tokens[i] to seq_ids[i] for every i, exactly as that many `append` calls in this
         order would, but all or nothing. Returns the copy-on-write copies."""
-        tokens = _check_token_batch(tokens)
+        tokens = check_token_batch(tokens)
         rows = self._rows(seq_ids)
         require(len(rows) == len(tokens), f"{len(rows)} sequences but {len(tokens)} tokens")
         self._require_running(rows)
@@ -263,15 +253,11 @@ class BlockManager:
         """int32 [N, M] block tables of these sequences on `device`, M = the most blocks any of
         them holds, -1 past a sequence's own blocks."""
         rows = self._rows(seq_ids)
-        width = int(self.num_held[rows].max(initial=0))
-        if self.shares_host_memory:
-            return torch.from_numpy(self.tables[rows, :width])
-        self._sync_device_tables()
-        return self.device_tables[torch.from_numpy(rows).to(self.device), :width]
+        return self.rows.device_tables(rows, int(self.rows.num_held[rows].max(initial=0)))
 
     @_locked
     def seq_lens(self, seq_ids) -> torch.Tensor:
-        return torch.from_numpy(self.seq_len[self._rows(seq_ids)].astype(np.int32)).to(self.device)
+        return torch.from_numpy(self.rows.seq_len[self._rows(seq_ids)].astype(np.int32)).to(self.device)
 
     @_locked
     def slot_mapping(self, seq_ids, num_tokens=1) -> torch.Tensor:
@@ -280,7 +266,7 @@ class BlockManager:
         rows = self._rows(seq_ids)
         self._require_running(rows)
         counts = np.broadcast_to(np.asarray(num_tokens, dtype=np.int64), rows.shape)
-        lens = self.seq_len[rows]
+        lens = self.rows.seq_len[rows]
         require(bool(((counts >= 0) & (counts <= lens)).all()), "num_tokens must be in 0..length")
         if (counts == 1).all():   # decode: one position per sequence
             seg_rows, positions = rows, lens - 1
@@ -289,58 +275,60 @@ class BlockManager:
             ends = np.cumsum(counts)
             positions = np.arange(ends[-1] if len(ends) else 0) - np.repeat(ends - counts, counts) \
                 + np.repeat(lens - counts, counts)
-        blocks = self.tables[seg_rows, positions // self.block_size].astype(np.int64)
+        blocks = self.rows.tables[seg_rows, positions // self.block_size].astype(np.int64)
         return torch.from_numpy(blocks * self.block_size + positions % self.block_size).to(self.device)
 
     @_locked
     def take_copies(self) -> Copies:
         """Drain the pending copies (see `Copies` for the order to perform them in)."""
-        drained = {kind: torch.tensor(pairs, dtype=torch.int64).reshape(-1, 2).to(self.device)
-                   for kind, pairs in self._pending.items()}
-        self._pending = {kind: [] for kind in self._pending}
-        return Copies(**drained)
+        return self.copies.take()
 
     # ---------------------------------------------------------------- queries
 
     @_locked
     def block_table(self, seq_id: int) -> list:
-        return self._table(self._get(seq_id).row)
+        return self.rows.table(self._row(seq_id))
 
     @_locked
     def cpu_block_table(self, seq_id: int) -> list:
-        return list(self._get(seq_id).cpu_block_table)
+        return list(self.rows.seq[self._row(seq_id)].cpu_block_table)
 
     @_locked
     def length(self, seq_id: int) -> int:
-        return int(self.seq_len[self._get(seq_id).row])
+        return int(self.rows.seq_len[self._row(seq_id)])
 
     @_locked
     def tokens(self, seq_id: int) -> list:
-        seq = self._get(seq_id)
-        status = self.row_status[seq.row]
-        if status == _WAITING:
+        row = self._row(seq_id)
+        seq, status = self.rows.seq[row], self.rows.row_status[row]
+        if status == WAITING_CODE:
             return list(seq.waiting_tokens)
-        if status == _SWAPPED:
-            return self.cpu_block_tokens[seq.cpu_block_table].ravel()[:self.seq_len[seq.row]].tolist()
-        return self._running_tokens(seq.row)
+        if status == SWAPPED_CODE:
+            return self.cpu_pool.block_tokens[seq.cpu_block_table].ravel()[:self.rows.seq_len[row]].tolist()
+        return self._running_tokens(row)
 
     @_locked
     def status(self, seq_id: int) -> str:
-        return STATUSES[self.row_status[self._get(seq_id).row]]
+        return STATUSES[self.rows.row_status[self._row(seq_id)]]
 
     @_locked
     def cached_tokens(self, seq_id: int) -> int:
-        return self._get(seq_id).cached_tokens
+        return self.rows.seq[self._row(seq_id)].cached_tokens
 
     @_locked
     def seq_ids(self) -> list:
-        return list(self.seqs)
+        return list(self.row_of)
+
+    @_locked
+    def running(self) -> list:
+        """Running sequence ids, earliest admitted first (the last is the next preemption victim)."""
+        return [self.rows.seq[row].seq_id for row in self.rows.running_rows().tolist()]
 
     @_locked
     def cached_prefix_tokens(self, tokens: list) -> int:
         """Prompt tokens an `add` of `tokens` would serve from the prefix cache now (a lookup
         that changes nothing)."""
-        _check_prompt(tokens)
+        check_prompt(tokens)
         B = self.block_size
         return len(self.cache.lookup(tokens, (len(tokens) - 1) // B, B)) * B if self.cache else 0
 
@@ -364,7 +352,7 @@ class BlockManager:
 
     @_locked
     def num_free_cpu_blocks(self) -> int:
-        return len(self.cpu_free_queue)
+        return self.cpu_pool.num_free()
 
     @_locked
     def metrics(self) -> dict:
@@ -384,22 +372,27 @@ class BlockManager:
     def check(self) -> None:
         """Raise InvariantViolation naming the first broken invariant among those that need no
         ghost content: conservation, refcount, table_shape, cache_index."""
-        for name, problems in self._invariant_problems().items():
+        for name, problems in invariant_problems(self).items():
             if problems:
                 raise InvariantViolation(name, "; ".join(problems[:3]))
 
     # ---------------------------------------------------------------- internals: sequences
 
-    def _get(self, seq_id) -> _Seq:
+    def _row(self, seq_id) -> int:
         check_seq_id(seq_id)
-        if seq_id not in self.seqs:
+        if seq_id not in self.row_of:
             raise UnknownSequence(seq_id)
-        return self.seqs[seq_id]
+        return self.row_of[seq_id]
+
+    def _new_row(self, seq_id) -> int:
+        row = self.rows.take(_Seq(seq_id))
+        self.row_of[seq_id] = row
+        return row
 
     def _running_row(self, seq_id) -> int:
-        row = self._get(seq_id).row
-        if self.row_status[row] != _RUNNING:
-            raise InvalidState(f"sequence {seq_id!r} is {STATUSES[self.row_status[row]]}, not running")
+        row = self._row(seq_id)
+        if self.rows.row_status[row] != RUNNING_CODE:
+            raise InvalidState(f"sequence {seq_id!r} is {STATUSES[self.rows.row_status[row]]}, not running")
         return row
 
     def _rows(self, seq_ids) -> np.ndarray:
@@ -408,7 +401,7 @@ class BlockManager:
         if isinstance(seq_ids, (np.ndarray, torch.Tensor)):
             seq_ids = seq_ids.tolist()   # an integer array holds only ints; others fail below
         last = self._last_batch
-        if last is not None and last[2] == self._rows_version and last[0] == seq_ids:
+        if last is not None and last[2] == self.rows.version and last[0] == seq_ids:
             return last[1]
         require(isinstance(seq_ids, (list, tuple)), f"seq_ids must be a list, got {type(seq_ids).__name__}")
         if set(map(type, seq_ids)) - {int}:
@@ -418,26 +411,25 @@ class BlockManager:
             rows = np.fromiter(map(self.row_of.__getitem__, seq_ids), np.int64, len(seq_ids))
         except KeyError as missing:
             raise UnknownSequence(missing.args[0]) from None
-        seen = np.zeros(len(self.seq_len), dtype=bool)
+        seen = np.zeros(len(self.rows), dtype=bool)
         seen[rows] = True
         require(np.count_nonzero(seen) == len(rows), "a batch names a sequence twice")
-        self._last_batch = (list(seq_ids), rows, self._rows_version)
+        self._last_batch = (list(seq_ids), rows, self.rows.version)
         return rows
 
     def _require_running(self, rows: np.ndarray) -> None:
-        not_running = np.flatnonzero(self.row_status[rows] != _RUNNING)
+        not_running = np.flatnonzero(self.rows.row_status[rows] != RUNNING_CODE)
         if len(not_running):
             row = rows[not_running[0]]
-            raise InvalidState(f"a sequence in the batch is {STATUSES[self.row_status[row]]}, not running")
+            raise InvalidState(f"a sequence in the batch is {STATUSES[self.rows.row_status[row]]}, not running")
 
-    def _make_running(self, seq_id, row: int) -> None:
+    def _make_running(self, row: int) -> None:
         self._admissions += 1
-        self.admitted[row] = self._admissions
-        self.row_status[row] = _RUNNING
-        self.running[seq_id] = None
+        self.rows.admitted[row] = self._admissions
+        self.rows.row_status[row] = RUNNING_CODE
 
     def _running_tokens(self, row: int) -> list:
-        return self.block_tokens[self._table(row)].ravel()[:self.seq_len[row]].tolist()
+        return self.block_tokens[self.rows.table(row)].ravel()[:self.rows.seq_len[row]].tolist()
 
     # ---------------------------------------------------------------- internals: allocation
 
@@ -447,16 +439,17 @@ class BlockManager:
 
     def _plan_prompt(self, tokens: list):
         """Confirmed cache hits for a prompt and how many new blocks it needs; raises OutOfBlocks
-        (nothing changed) when they are not there. Hits waiting in the LRU are not available."""
+        (nothing changed) when they are not there. Hits waiting in the LRU are not available.
+        At most (len - 1) // B blocks hit: the prompt's last token is always computed."""
         B = self.block_size
-        hits = self.cache.lookup(tokens, (len(tokens) - 1) // B, B) if self.cache else []   # as above
+        hits = self.cache.lookup(tokens, (len(tokens) - 1) // B, B) if self.cache else []
         needed = blocks_needed(len(tokens), B) - len(hits)
         available = self.pool.num_free() - sum(1 for b in hits if self.pool.ref_count[b] == 0)
         if needed > available:
             raise OutOfBlocks(needed, available)
         return hits, needed
 
-    def _place_prompt(self, seq_id, seq: _Seq, tokens: np.ndarray, hits: list, needed: int) -> None:
+    def _place_prompt(self, row: int, tokens: np.ndarray, hits: list, needed: int) -> None:
         B = self.block_size
         self.pool.share(hits)
         fresh = self.pool.take(needed)
@@ -465,10 +458,10 @@ class BlockManager:
         written[:len(tokens) - cached] = tokens[cached:]
         self.block_tokens[fresh] = written.reshape(needed, B)
         table = hits + fresh
-        self.seq_len[seq.row] = len(tokens)
-        self._set_table(seq.row, table)
-        self._make_running(seq_id, seq.row)
-        seq.cached_tokens = cached
+        self.rows.seq_len[row] = len(tokens)
+        self.rows.set_table(row, table)
+        self._make_running(row)
+        self.rows.seq[row].cached_tokens = cached
         self.stats["prompt_tokens"] += len(tokens)
         self.stats["cached_tokens"] += cached
         self._fill_cache(table, len(hits), len(tokens) // B)
@@ -485,8 +478,8 @@ class BlockManager:
         """For appending one token to each row in this order: who needs a fresh tail (tail full)
         and who copies a shared partial tail first. Sharers copy in order; when every holder of a
         tail is in the batch, the last one writes in place."""
-        offsets = self.seq_len[rows] % self.block_size
-        tails = self.tables[rows, self.num_held[rows] - 1].astype(np.int64)
+        offsets = self.rows.seq_len[rows] % self.block_size
+        tails = self.rows.tables[rows, self.rows.num_held[rows] - 1].astype(np.int64)
         needs_tail = offsets == 0
         cow = ~needs_tail & (self.pool.ref_count[tails] > 1)
         pending_refs = {}
@@ -505,21 +498,22 @@ class BlockManager:
             # An eviction unindexes a block; an earlier sequence's filled block must be indexed
             # before that, as appending one at a time would. Rare: keep that order literally.
             return [copy for i in range(len(rows)) for copy in self._append_rows(rows[i:i + 1], tokens[i:i + 1])]
-        held = self.num_held[rows]
+        table_rows = self.rows
+        held = table_rows.num_held[rows]
         new_blocks = np.asarray(self.pool.take(len(needy)), dtype=np.int64)
         is_tail = needs_tail[needy]
         grow = needy[is_tail]
-        self._ensure_width(int(held[grow].max(initial=0)) + 1)
-        self.tables[rows[grow], held[grow]] = new_blocks[is_tail]
-        self.num_held[rows[grow]] += 1
+        table_rows.ensure_width(int(held[grow].max(initial=0)) + 1)
+        table_rows.tables[rows[grow], held[grow]] = new_blocks[is_tail]
+        table_rows.num_held[rows[grow]] += 1
         copies = self._copy_on_write(rows, held, needy[~is_tail], tails, new_blocks[~is_tail])
-        self._dirty[rows[needy]] = True
-        offsets = self.seq_len[rows] % self.block_size
-        self.block_tokens[self.tables[rows, self.num_held[rows] - 1], offsets] = tokens
-        self.seq_len[rows] += 1
+        table_rows.dirty[rows[needy]] = True
+        offsets = table_rows.seq_len[rows] % self.block_size
+        self.block_tokens[table_rows.tables[rows, table_rows.num_held[rows] - 1], offsets] = tokens
+        table_rows.seq_len[rows] += 1
         if self.cache is not None:
             for i in np.flatnonzero(offsets == self.block_size - 1).tolist():
-                table = self._table(rows[i])
+                table = table_rows.table(rows[i])
                 self._fill_cache(table, len(table) - 1, len(table))
         return copies
 
@@ -527,155 +521,15 @@ class BlockManager:
         if not len(which):
             return []
         src = tails[which]
-        self.tables[rows[which], held[which] - 1] = dst
+        self.rows.tables[rows[which], held[which] - 1] = dst
         np.subtract.at(self.pool.ref_count, src, 1)
         self.block_tokens[dst] = self.block_tokens[src]
         copies = list(zip(src.tolist(), dst.tolist()))
-        self._pending["cow"] += copies
+        self.copies.add("cow", copies)
         self.stats["copies"] += len(copies)
         return copies
-
-    # ---------------------------------------------------------------- internals: table storage
-
-    @property
-    def shares_host_memory(self) -> bool:
-        """On CPU the table tensor is the host array itself; elsewhere a copy synced row by row."""
-        return self.device.type == "cpu"
-
-    def _allocate_rows(self, max_seqs: int, width: int) -> None:
-        self.tables = np.full((max_seqs, width), -1, dtype=np.int32)
-        self.seq_len = np.zeros(max_seqs, dtype=np.int64)
-        self.num_held = np.zeros(max_seqs, dtype=np.int64)
-        self.admitted = np.zeros(max_seqs, dtype=np.int64)
-        self.row_status = np.zeros(max_seqs, dtype=np.int8)
-        self._dirty = np.ones(max_seqs, dtype=bool)
-        self._free_rows = list(range(max_seqs - 1, -1, -1))
-        self._new_table_tensor()
-
-    def _new_table_tensor(self) -> None:
-        """The tensor kernels read: the host array itself on CPU, a device copy elsewhere."""
-        self._dirty[:] = True
-        self.device_tables = (torch.from_numpy(self.tables) if self.shares_host_memory
-                              else torch.empty(self.tables.shape, dtype=torch.int32, device=self.device))
-
-    def _sync_device_tables(self) -> None:
-        dirty = np.flatnonzero(self._dirty)
-        if len(dirty):
-            index = torch.from_numpy(dirty).to(self.device)
-            self.device_tables[index] = torch.from_numpy(self.tables[dirty]).to(self.device)
-            self._dirty[dirty] = False
-
-    def _take_row(self) -> int:
-        if not self._free_rows:
-            self._grow_rows()
-        return self._free_rows.pop()
-
-    def _grow_rows(self) -> None:
-        old = len(self.seq_len)
-        arrays = (self.tables, self.seq_len, self.num_held, self.admitted, self.row_status)
-        self._allocate_rows(2 * old, self.tables.shape[1])
-        for new, array in zip((self.tables, self.seq_len, self.num_held, self.admitted, self.row_status), arrays):
-            new[:old] = array
-        self._free_rows = list(range(2 * old - 1, old - 1, -1))
-
-    def _ensure_width(self, width: int) -> None:
-        if width > self.tables.shape[1]:
-            old = self.tables
-            self.tables = np.full((old.shape[0], max(width, 2 * old.shape[1])), -1, dtype=np.int32)
-            self.tables[:, :old.shape[1]] = old
-            self._new_table_tensor()
-
-    def _table(self, row: int) -> list:
-        return self.tables[row, :self.num_held[row]].tolist()
-
-    def _set_table(self, row: int, table: list) -> None:
-        self._ensure_width(len(table))
-        self.tables[row, :self.num_held[row]] = -1
-        self.tables[row, :len(table)] = table
-        self.num_held[row] = len(table)
-        self._dirty[row] = True
-
-    # ---------------------------------------------------------------- internals: invariants
-
-    def _invariant_problems(self) -> dict:
-        tables = {seq_id: self._table(seq.row) for seq_id, seq in self.seqs.items()}
-        return {
-            "conservation": self.pool.problems() + self._cpu_problems(),
-            "refcount": self._refcount_problems(tables),
-            "table_shape": self._shape_problems(tables),
-            "cache_index": self.cache.problems(self.block_tokens) if self.cache else [],
-        }
-
-    def _cpu_problems(self) -> list:
-        held = [b for seq in self.seqs.values() for b in seq.cpu_block_table]
-        homes = np.bincount(np.array(list(self.cpu_free_queue) + held, dtype=np.int64),
-                            minlength=self.num_cpu_blocks)
-        return [f"cpu block {b} is in {homes[b]} of free/held" for b in np.flatnonzero(homes != 1).tolist()]
-
-    def _refcount_problems(self, tables: dict) -> list:
-        problems = [f"sequence {s} holds a block twice: {t}" for s, t in tables.items() if len(set(t)) != len(t)]
-        holders = np.zeros(self.num_blocks, dtype=np.int64)
-        for table in tables.values():
-            holders[list(set(table))] += 1
-        problems += [f"block {b}: ref count {self.pool.ref_count[b]}, held by {holders[b]} tables"
-                     for b in np.flatnonzero(holders != self.pool.ref_count).tolist()]
-        return problems
-
-    def _shape_problems(self, tables: dict) -> list:
-        problems = []
-        for seq_id, seq in self.seqs.items():
-            row, status = seq.row, STATUSES[self.row_status[seq.row]]
-            want = blocks_needed(int(self.seq_len[row]), self.block_size)
-            held = (len(tables[seq_id]), len(seq.cpu_block_table))
-            expected = {RUNNING: (want, 0), SWAPPED: (0, want), WAITING: (0, 0)}[status]
-            if held != expected or (self.tables[row, held[0]:] != -1).any():
-                problems.append(f"{status} sequence {seq_id} of length {self.seq_len[row]} holds "
-                                f"{held[0]} gpu / {held[1]} cpu blocks, expected {expected}")
-            if (seq_id in self.running) != (status == RUNNING):
-                problems.append(f"sequence {seq_id} is {status} but the running list disagrees")
-        return problems
 
     def __repr__(self):
         return (f"BlockManager(num_blocks={self.num_blocks}, block_size={self.block_size}, "
                 f"num_cpu_blocks={self.num_cpu_blocks}, prefix_caching={self.prefix_caching}, "
-                f"seqs={len(self.seqs)}, free={self.pool.num_free()})")
-
-
-# -------------------------------------------------------------------- argument checks of whole batches
-
-def _check_prompt(tokens) -> np.ndarray:
-    """The prompt as int64, once every token is known to be a plain int in range."""
-    if not (isinstance(tokens, (list, tuple)) and len(tokens) > 0):
-        raise InvalidArgument(f"a prompt is a non-empty list of tokens, got {tokens!r}")
-    if set(map(type, tokens)) == {int}:
-        try:
-            array = np.array(tokens, dtype=np.int64)
-            if array.min() >= 0:
-                return array
-        except OverflowError:
-            pass
-    for token in tokens:   # the slow path finds and names the bad token
-        check_token(token)
-    return np.array(tokens, dtype=np.int64)
-
-
-def _check_token_batch(tokens) -> np.ndarray:
-    """A batch of tokens as int64: a list of ints, or an integer numpy array or tensor."""
-    if isinstance(tokens, torch.Tensor):
-        tokens = tokens.cpu().numpy()
-    if isinstance(tokens, np.ndarray):
-        if not (tokens.ndim == 1 and (tokens.dtype.kind in "iu" or tokens.size == 0)):
-            raise InvalidArgument(f"a token batch is a 1-d integer array, got {tokens.dtype}{list(tokens.shape)}")
-        array = tokens.astype(np.int64)   # uint64 beyond int64 wraps negative and is refused
-        require(not (array < 0).any(), "tokens are ints in 0..2**63-1")
-        return array
-    require(isinstance(tokens, (list, tuple)), f"tokens must be a list, got {type(tokens).__name__}")
-    if set(map(type, tokens)) - {int}:
-        for token in tokens:
-            check_token(token)
-    try:
-        array = np.array(tokens, dtype=np.int64)
-    except OverflowError:
-        raise InvalidArgument("tokens are ints in 0..2**63-1") from None
-    require(not (array < 0).any(), "tokens are ints >= 0")
-    return array
+                f"seqs={len(self.row_of)}, free={self.pool.num_free()})")
