@@ -1,5 +1,7 @@
 """`pagedkv fuzz TARGET`: fuzz a block manager against the spec through the conformance protocol."""
 
+import traceback
+
 import click
 
 
@@ -7,18 +9,24 @@ import click
 @click.argument("target")
 @click.option("--profile", type=click.Choice(["ci", "dev", "deep"]), default="ci", show_default=True,
               help="Effort: examples per run and steps per example.")
-@click.option("--max-examples", type=click.IntRange(min=1), help="Examples per worker (default: the profile's).")
-@click.option("--seconds", type=click.FloatRange(min=0, min_open=True),
-              help="Time budget: keep running until it is spent.")
-@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Processes sharing one example database.")
+@click.option("--max-examples", type=int, help="Examples per worker, 1..10^9 (default: the profile's).")
+@click.option("--seconds", type=float, help="Time budget, up to 30 days: keep running until it is spent.")
+@click.option("--workers", type=int, default=1, show_default=True,
+              help="Processes sharing one example database, 1..256.")
+@click.option("--seed", type=int,
+              help="Seed of every draw, 0..2^64-1 (default: 0 under --profile ci, else a fresh one, printed).")
+@click.option("--call-timeout", type=float, default=10.0, show_default=True,
+              help="Seconds one subject call may take before it is a `timeout` finding (up to 3600).")
 @click.option("--db", default=".hypothesis/pagedkv", show_default=True,
-              help="Example database: a directory, or redis://HOST:PORT/N shared by many machines.")
+              help="Example database: a directory, or a Redis URL shared by many machines "
+                   "(redis://[:PASSWORD@]HOST:PORT/N, rediss:// for TLS, unix:///PATH?db=N).")
 @click.option("--save-regression", type=click.Path(file_okay=False),
-              help="Write a counterexample as a standalone pytest file into this directory.")
+              help="Write a counterexample as a pytest file (and its JSON data) into this directory.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the result as JSON.")
 @click.option("--junit", "junit_path", type=click.Path(dir_okay=False), help="Write a JUnit XML report.")
-def fuzz(target, **options):
+@click.option("--traceback", "show_traceback", is_flag=True,
+              help="On a usage error, also print the full traceback of its cause (an adapter's import error, say).")
+def fuzz(target, show_traceback, **options):
     """Fuzz TARGET ('spec', 'impl' or 'module:factory') against the spec.
 
     Exit status: 0 when no oracle fired, 1 on a counterexample, 2 on a usage error.
@@ -29,5 +37,8 @@ def fuzz(target, **options):
     try:
         result = run_campaign(Options(target=target, **options))
     except UsageError as error:
-        raise click.UsageError(str(error))
+        if show_traceback and error.__cause__ is not None:
+            click.echo("".join(traceback.format_exception(error.__cause__)), err=True, nl=False)
+        hint = " (--traceback shows where)" if error.__cause__ is not None and not show_traceback else ""
+        raise click.UsageError(f"{error}{hint}")
     raise SystemExit(result.exit_code())

@@ -1,37 +1,94 @@
 """`pagedkv prove`: run the proof obligations (Z3 induction and BMC, CrossHair contracts)
 and print one row per obligation."""
-import json
-
 import click
+
+from pagedkv.cli.common import human_console, json_option, write_json
+
+#: Obligation groups, as shown in the progress display: task name -> group label.
+GROUPS = {
+    "initiation": "Z3 initiation", "induction": "Z3 induction", "step_composition": "Z3 step and no-leak lemmas",
+    "step_unrolling": "Z3 step and no-leak lemmas", "no_leak": "Z3 step and no-leak lemmas",
+    "cases_cover": "Z3 case coverage", "atomicity": "Z3 atomicity", "exclusivity": "Z3 write exclusivity",
+    "bmc": "Z3 bounded model checking", "witnesses": "Z3 witness traces", "explicit_bmc": "explicit-state BMC",
+    "crosshair_check": "CrossHair contracts", "crosshair_scenarios": "CrossHair contracts",
+}
+#: Wall seconds each group took in `pagedkv prove --profile ci` on the project's 2-core machine, from
+#: the start of the run until the group's last obligation finished (groups run side by side).
+EXPECTED_CI_S = {
+    "Z3 initiation": 5, "Z3 induction": 45, "Z3 step and no-leak lemmas": 50, "Z3 case coverage": 55,
+    "Z3 atomicity": 60, "Z3 write exclusivity": 65, "Z3 bounded model checking": 40, "Z3 witness traces": 20,
+    "explicit-state BMC": 30, "CrossHair contracts": 75, "CrossHair diffbehavior": 80,
+}
+
+
+def proof_steps(tasks: list, profile: str) -> dict:
+    from pagedkv.cli.progress import Step
+
+    steps = {}
+    for name, _args in tasks:
+        label = GROUPS.get(name, name)
+        step = steps.setdefault(label, Step(label, total=0,
+                                            expected_s=EXPECTED_CI_S.get(label) if profile == "ci" else None))
+        step.total += 1
+    return steps
 
 
 @click.command()
 @click.option("--profile", type=click.Choice(["ci", "deep"]), default="ci", show_default=True,
               help="ci: the smallest bounds that still exhaust pools, share a block three ways and evict; "
                    "deep: larger bounds, deeper BMC, longer CrossHair runs.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the results as JSON.")
-@click.option("--workers", type=int, default=0, show_default=True, help="Worker processes (0: one per core).")
+@json_option
+@click.option("--workers", type=click.IntRange(0, 1024), default=0, show_default=True,
+              help="Worker processes (0: one per core).")
 def prove(profile, json_path, workers):
-    """Prove the spec's invariants and contracts; exit non-zero if any obligation fails."""
-    from rich.console import Console
+    """Prove the spec's invariants and contracts; exit non-zero if any obligation fails.
+
+    Progress (per obligation group) goes to stderr. Ctrl-C stops the run, prints the obligations that
+    finished, and exits with status 130."""
+    from pagedkv.cli.progress import StepProgress
+    from pagedkv.proofs.report import as_json, obligations, run_proofs
+
+    steps = proof_steps(obligations(profile), profile)
+    finished = []
+
+    def on_done(task, results):
+        finished.extend(results)
+        progress.advance(GROUPS.get(task[0], task[0]), failed=sum(not r.passed for r in results))
+
+    interrupted = False
+    with StepProgress(f"prove --profile {profile}", steps, announce=False) as progress:
+        for key in steps:
+            progress.begin(key)
+        try:
+            results = run_proofs(profile, workers, on_done=on_done)
+        except KeyboardInterrupt:
+            interrupted, results = True, finished
+    out = human_console(json_path)
+    _print_results(out, profile, results)
+    failed = [r for r in results if not r.passed]
+    total = sum(step.total for step in steps.values())
+    if interrupted:
+        out.print(f"[yellow]interrupted[/yellow]: {len(results)} obligation results of {total} tasks finished; "
+                  f"{len(results) - len(failed)} hold", highlight=False)
+    else:
+        out.print(f"{len(results) - len(failed)}/{len(results)} obligations hold", highlight=False)
+    if json_path:
+        write_json(json_path, {"profile": profile, "passed": not failed and not interrupted,
+                               "interrupted": interrupted, "obligations": as_json(results)})
+    raise SystemExit(130 if interrupted else 1 if failed else 0)
+
+
+def _print_results(out, profile: str, results: list) -> None:
     from rich.table import Table
 
-    from pagedkv.proofs.report import as_json, run_proofs
-
-    results = run_proofs(profile, workers)
     table = Table(title=f"pagedkv prove --profile {profile}")
-    for column in ("obligation", "kind", "bounds", "result", "seconds"):
-        table.add_column(column, overflow="fold")
+    table.add_column("obligation", ratio=1)
+    for column in ("kind", "bounds", "result", "seconds"):
+        table.add_column(column)
     for r in results:
         table.add_row(r.name, r.kind, r.bounds, "[green]PASS[/green]" if r.passed else "[red]FAIL[/red]",
                       f"{r.seconds:.1f}")
-    console = Console(width=160)
-    console.print(table)
-    failed = [r for r in results if not r.passed]
-    for r in failed:
-        console.print(f"[red]{r.name}[/red]\n{r.detail}", highlight=False)
-    console.print(f"{len(results) - len(failed)}/{len(results)} obligations hold")
-    if json_path:
-        with open(json_path, "w") as out:
-            json.dump({"profile": profile, "passed": not failed, "obligations": as_json(results)}, out, indent=2)
-    raise SystemExit(1 if failed else 0)
+    out.print(table)
+    for r in results:
+        if not r.passed:
+            out.print(f"[red]{r.name}[/red]\n{r.detail}", highlight=False)

@@ -1,85 +1,167 @@
-"""`pagedkv simulate`: replay a trace through the paged or the contiguous KV allocator, in simulated time."""
-import json
+"""`pagedkv simulate`: replay a trace through the paged or the contiguous KV allocator, in simulated time.
 
+Option names follow vLLM where vLLM has one (`--enable-prefix-caching`, `--max-model-len`,
+`--swap-space`, `--kv-cache-dtype`, `--tensor-parallel-size`/`-tp`, `--block-size`, `--max-num-seqs`).
+"""
 import click
 
+from pagedkv.cli.common import Finite, OutputDir, human_console, json_option, write_json
+from pagedkv.cli.plan import MAX_POOL_GIB, resolve_shape, shape_options, tp_option
 
-def _sizes(text: str) -> list:
+#: The simulated pool is real memory (the BlockManager keeps every slot's token id and a free list of
+#: blocks), so it is bounded: 2**22 blocks and 2**26 token slots take about 0.7 GiB.
+MAX_BLOCKS, MAX_SLOTS = 2**22, 2**26
+MAX_SEQ_LEN = 2**24     # token positions the simulator numbers
+#: The default model shape: Llama-3-8B's (32 layers, 8 KV heads of 128, bf16: 128 KiB per token).
+DEFAULT_SHAPE = {"layers": 32, "kv_heads": 8, "head_dim": 128, "dtype": "bf16"}
+
+
+def _sizes(_ctx, _param, text: str) -> list:
     try:
         sizes = sorted({int(s) for s in text.split(",") if s.strip()})
     except ValueError:
         raise click.BadParameter(f"expected comma-separated block sizes, got {text!r}") from None
-    if not sizes or min(sizes) < 1:
-        raise click.BadParameter("block sizes must be integers >= 1")
+    if sizes and not 1 <= min(sizes) <= max(sizes) <= 65_536:
+        raise click.BadParameter("block sizes must be integers in 1..65536")
     return sizes
+
+
+def _blocks(name: str, pool_bytes: int, block_bytes: int, block_size: int) -> int:
+    blocks = pool_bytes // block_bytes
+    if blocks < 1:
+        raise click.UsageError(f"{name}: the pool holds no whole block of {block_size} tokens "
+                               f"({block_bytes:,} bytes)")
+    if blocks > MAX_BLOCKS or blocks * block_size > MAX_SLOTS:
+        raise click.UsageError(f"{name}: {blocks:,} blocks of {block_size} tokens; the simulator holds at most "
+                               f"{MAX_BLOCKS:,} blocks and {MAX_SLOTS:,} token slots (a smaller pool, or a larger "
+                               f"block size)")
+    return blocks
 
 
 @click.command()
 @click.argument("trace_file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--allocator", type=click.Choice(["contiguous", "paged", "both"]), default="both", show_default=True)
-@click.option("--prefix-caching", is_flag=True, help="Share cached full blocks between equal prompt prefixes (paged).")
-@click.option("--block-size", type=int, default=16, show_default=True)
-@click.option("--pool-blocks", type=int, help="Paged pool size in blocks (the contiguous pool gets the same bytes).")
-@click.option("--pool-gib", type=float, help="Pool size in GiB of KV, with the model shape below.")
-@click.option("--layers", type=int, default=32, show_default=True)
-@click.option("--kv-heads", type=int, default=8, show_default=True)
-@click.option("--head-dim", type=int, default=128, show_default=True)
-@click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16", "fp8"]), default="bf16", show_default=True)
-@click.option("--max-seq-len", type=int, default=2048, show_default=True,
-              help="Longest sequence; what the contiguous baseline reserves per sample.")
-@click.option("--swap-gib", type=float, default=0.0, show_default=True, help="Host swap space (paged).")
-@click.option("--max-num-seqs", type=int, default=256, show_default=True)
-@click.option("--step-ms", type=float, default=5.0, show_default=True, help="Cost model: fixed cost per step.")
-@click.option("--prefill-us", type=float, default=50.0, show_default=True, help="Cost model: per prompt token.")
-@click.option("--decode-ms", type=float, default=0.05, show_default=True, help="Cost model: per decoded sequence.")
-@click.option("--swap-gibps", type=float, default=25.0, show_default=True, help="Cost model: swap bandwidth.")
-@click.option("--sweep", default="8,16,32,64,128", show_default=True,
+@click.option("--enable-prefix-caching", "--prefix-caching", "prefix_caching", is_flag=True,
+              help="Share cached full blocks between equal prompt prefixes (paged).")
+@click.option("--block-size", type=click.IntRange(1, 65_536), default=16, show_default=True, help="Tokens per block.")
+@click.option("--pool-blocks", type=click.IntRange(1, MAX_BLOCKS),
+              help="Paged pool size in blocks (the contiguous pool gets the same bytes).")
+@click.option("--pool-gib", type=Finite(0, MAX_POOL_GIB, min_open=True),
+              help="Pool size in GiB of KV, at the model shape's bytes per token.")
+@shape_options
+@tp_option
+@click.option("--max-model-len", "--max-seq-len", "max_seq_len", type=click.IntRange(1, MAX_SEQ_LEN), default=2048,
+              show_default=True, help="Longest sequence (longer requests are rejected); what the contiguous "
+                                      "baseline reserves per sample.")
+@click.option("--swap-space", "--swap-gib", "swap_gib", type=Finite(0, MAX_POOL_GIB), default=0.0, show_default=True,
+              help="Host swap space in GiB (paged).")
+@click.option("--max-num-seqs", type=click.IntRange(1, 65_536), default=256, show_default=True,
+              help="Most sequences in one batch.")
+@click.option("--step-ms", type=Finite(0, 1e6, min_open=True), default=5.0, show_default=True,
+              help="Cost model: fixed cost per step.")
+@click.option("--prefill-us", type=Finite(0, 1e6, min_open=True), default=50.0, show_default=True,
+              help="Cost model: per prompt token.")
+@click.option("--decode-ms", type=Finite(0, 1e6), default=0.05, show_default=True,
+              help="Cost model: per decoded sequence.")
+@click.option("--swap-gibps", type=Finite(0, 1e6, min_open=True), default=25.0, show_default=True,
+              help="Cost model: swap bandwidth in GiB/s.")
+@click.option("--sweep", default="8,16,32,64,128", show_default=True, callback=_sizes,
               help="With --out: paged block sizes to sweep at the same pool bytes ('' skips).")
-@click.option("--out", type=click.Path(file_okay=False), help="Write JSON/CSV summaries, timelines and PNG plots here.")
-@click.option("--json", "as_json", is_flag=True, help="Print the summaries as JSON.")
-def simulate(trace_file, allocator, prefix_caching, block_size, pool_blocks, pool_gib, layers, kv_heads, head_dim,
-             dtype, max_seq_len, swap_gib, max_num_seqs, step_ms, prefill_us, decode_ms,
-             swap_gibps, sweep, out, as_json):
-    """Replay TRACE_FILE (see `pagedkv trace`) and report KV utilization, waste, concurrency, preemptions,
-    prefix hits and simulated TTFT / inter-token latency."""
-    from pagedkv.impl.sim import planner
-    from pagedkv.impl.sim import report as sim_report
+@click.option("--out", type=OutputDir(), help="Write JSON/CSV summaries, timelines and PNG plots here.")
+@json_option
+def simulate(trace_file, allocator, prefix_caching, block_size, pool_blocks, pool_gib, model_config, layers, kv_heads,
+             head_dim, dtype, tp, max_seq_len, swap_gib, max_num_seqs, step_ms, prefill_us, decode_ms, swap_gibps,
+             sweep, out, json_path):
+    """Replay TRACE_FILE (see `pagedkv trace`) and report KV utilization, waste, concurrency, rejections,
+    preemptions, prefix hits and simulated TTFT / inter-token latency.
+
+    The model shape defaults to Llama-3-8B's (32 layers, 8 KV heads, head_dim 128, bf16).
+    Exit status: 0, 1 when the simulator rejected every request, 2 on a usage error.
+    """
+    if (pool_blocks is None) == (pool_gib is None):
+        raise click.UsageError("give exactly one of --pool-blocks and --pool-gib")
+    defaults = {} if model_config else DEFAULT_SHAPE
+    given = {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim, "dtype": dtype}
+    shape = resolve_shape(model_config, **{key: defaults.get(key) if value is None else value
+                                           for key, value in given.items()})
+    from pagedkv.impl.sim import planner, report
     from pagedkv.impl.sim import simulator as sim
     from pagedkv.impl.sim.trace import TraceError, read_trace
 
-    if (pool_blocks is None) == (pool_gib is None):
-        raise click.UsageError("give exactly one of --pool-blocks and --pool-gib")
+    try:
+        per_token = planner.kv_bytes_per_token(shape["layers"], shape["kv_heads"], shape["head_dim"], shape["dtype"],
+                                               tp)
+    except planner.PlanError as e:
+        raise click.UsageError(str(e)) from e
+    pool_bytes = (pool_blocks * block_size * per_token if pool_blocks is not None else planner.gib_to_bytes(pool_gib))
+    swap_bytes = planner.gib_to_bytes(swap_gib) if swap_gib else 0
+    cost = sim.CostModel(step_ms / 1e3, prefill_us / 1e6, decode_ms / 1e3, swap_gibps * 2**30)
+    sweep = sweep if out else []
+
+    def config(kind, size):
+        blocks = _blocks("--pool-gib" if pool_gib is not None else "--pool-blocks", pool_bytes, size * per_token, size)
+        cpu_blocks = min(swap_bytes // (size * per_token), MAX_BLOCKS)
+        return sim.SimConfig(kind, size, blocks, per_token, max_seq_len, prefix_caching, cpu_blocks, max_num_seqs,
+                             cost)
+
+    kinds = sim.ALLOCATORS if allocator == "both" else (allocator,)
+    configs = [config(kind, block_size) for kind in kinds]
+    sweep_configs = [config("paged", size) for size in sweep]
     try:
         requests = read_trace(trace_file)
-        per_token = planner.kv_bytes_per_token(layers, kv_heads, head_dim, dtype)
-        pool_bytes = (pool_blocks * block_size * per_token if pool_blocks is not None
-                      else planner.gib_to_bytes(pool_gib))
-        swap_bytes = planner.gib_to_bytes(swap_gib) if swap_gib else 0
-        cost = sim.CostModel(step_ms / 1e3, prefill_us / 1e6, decode_ms / 1e3, swap_gibps * 2**30)
-
-        def config(kind, size):
-            block_bytes = size * per_token
-            return sim.SimConfig(kind, size, pool_bytes // block_bytes, per_token, max_seq_len, prefix_caching,
-                                 swap_bytes // block_bytes, max_num_seqs, cost)
-
-        kinds = sim.ALLOCATORS if allocator == "both" else (allocator,)
-        results = [sim.simulate(requests, config(kind, block_size)) for kind in kinds]
-        sweep_rows = ([sim_report.headline(sim.simulate(requests, config("paged", size)))
-                       for size in _sizes(sweep)] if out and sweep.strip() else [])
-    except (TraceError, planner.PlanError, ValueError, sim.SimulationStuck) as e:
+    except TraceError as e:
         raise click.UsageError(str(e)) from e
+    try:
+        results = [sim.simulate(requests, c) for c in configs]
+        sweep_rows = [report.headline(sim.simulate(requests, c)) for c in sweep_configs]
+    except sim.SimulationStuck as e:
+        raise click.ClickException(f"the simulation stopped: {e}") from e
 
-    if as_json:
-        click.echo(json.dumps({"cost_model": cost.describe(), "runs": [r.summary() for r in results],
-                               "block_size_sweep": sweep_rows}))
-    else:
-        _print_table(results, cost.describe(), sweep_rows)
+    summaries = [r.summary() for r in results]
+    if json_path:
+        write_json(json_path, {"cost_model": cost.describe(), "runs": summaries, "block_size_sweep": sweep_rows})
+    human = human_console(json_path)
+    _print_table(human, results, summaries, cost.describe(), sweep_rows)
+    for note in no_effect_notes(requests, summaries, prefix_caching, swap_bytes, block_size):
+        human.print(f"note: {note}", style="yellow", highlight=False)
     if out:
-        for path in sim_report.write_outputs(out, results, sweep_rows, cost.describe()):
-            click.echo(f"wrote {path}", err=as_json)
+        for path in report.write_outputs(out, results, sweep_rows, cost.describe()):
+            human.print(f"wrote {path}", highlight=False)
+    everything_rejected = [s["allocator"] for s in summaries if s["rejected"] == len(requests)]
+    if everything_rejected:
+        human.print(f"[red]error:[/red] {', '.join(everything_rejected)}: every one of the {len(requests)} requests "
+                    f"was rejected (longer than --max-model-len {max_seq_len}, or larger than the whole pool); "
+                    "nothing was simulated", highlight=False)
+        raise SystemExit(1)
+
+
+def no_effect_notes(requests, summaries, prefix_caching: bool, swap_bytes: int, block_size: int) -> list:
+    """Settings that cannot have changed the result, so that nobody reads a comparison into them."""
+    notes = []
+    grouped = [r for r in requests if r.prefix_group is not None and r.prefix_len > 0]
+    kinds = {s["allocator"] for s in summaries}
+    if prefix_caching:
+        if "contiguous" in kinds:
+            notes.append("--enable-prefix-caching has no effect on the contiguous allocator (it cannot share "
+                         "a reservation)")
+        if not grouped:
+            notes.append("--enable-prefix-caching had no effect: no request in the trace has a shared prefix "
+                         "(prefix_group with prefix_len > 0)")
+        elif max(r.prefix_len for r in grouped) < block_size:
+            notes.append(f"--enable-prefix-caching had no effect: every shared prefix is shorter than one block "
+                         f"({block_size} tokens), and only full blocks are shared")
+    elif grouped and "paged" in kinds:
+        notes.append(f"{len(grouped)} requests share prefixes, but prefix caching is off "
+                     "(--enable-prefix-caching shares them)")
+    if swap_bytes and kinds == {"contiguous"}:
+        notes.append("--swap-space has no effect on the contiguous allocator (it never preempts)")
+    elif swap_bytes and not any(s["preempt_swap"] for s in summaries):
+        notes.append("--swap-space had no effect: no sequence was swapped out")
+    return notes
 
 
 _ROWS = [  # (label, summary key, format)
+    ("requests simulated / rejected", ("requests", "rejected"), "{:,} / {:,}"),
     ("KV utilization, mean", "utilization_mean", "{:.1%}"),
     ("KV utilization, min", "utilization_min", "{:.1%}"),
     ("tail-waste bound / expected", ("tail_bound_mean", "tail_expected_mean"), "{:.1%} / {:.1%}"),
@@ -98,28 +180,27 @@ _ROWS = [  # (label, summary key, format)
 
 
 def _cell(summary: dict, key, fmt: str) -> str:
+    if not summary["steps"] and key != ("requests", "rejected"):
+        return "-"     # nothing ran: a 0.0% would read as a measurement
     if fmt == "ms":
         return " / ".join(f"{summary[k] * 1e3:.1f}" for k in key)
     values = [summary[k] for k in key] if isinstance(key, tuple) else [summary[key]]
     return "-" if None in values else fmt.format(*values)
 
 
-def _print_table(results, cost: str, sweep_rows) -> None:
-    from rich.console import Console
+def _print_table(console, results, summaries, cost: str, sweep_rows) -> None:
     from rich.table import Table
 
-    console = Console()
     first = results[0].config
-    table = Table(title=f"{results[0].summary()['pool_mib']:,.0f} MiB KV pool, block size {first.block_size}, "
-                        f"max_seq_len {first.max_seq_len}")
+    table = Table(title=f"{summaries[0]['pool_mib']:,.0f} MiB KV pool, block size {first.block_size}, "
+                        f"max_model_len {first.max_seq_len}")
     table.add_column("measure")
     for r in results:
         table.add_column(r.config.allocator + (" +prefix cache" if r.config.prefix_caching else ""), justify="right")
-    summaries = [r.summary() for r in results]
     for label, key, fmt in _ROWS:
         table.add_row(label, *(_cell(s, key, fmt) for s in summaries))
     console.print(table)
-    console.print(f"cost model: {cost}")
+    console.print(f"cost model: {cost}", highlight=False)
     if sweep_rows:
         sweep = Table(title="paged block-size sweep at fixed pool bytes")
         for name in ("B", "blocks", "util", "bound", "expected", "waste MiB", "table len", "preempted"):

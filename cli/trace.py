@@ -1,9 +1,14 @@
 """`pagedkv trace`: synthesize request traces and summarize trace files (format in pagedkv.impl.sim.trace)."""
-import json
-
 import click
 
-from pagedkv.impl.sim import trace as tr
+from pagedkv.cli.common import Finite, OutputFile, json_option, write_json
+
+#: pagedkv.impl.sim.trace.DISTRIBUTIONS, restated so that a usage error never waits for the impl
+#: room to load (a test keeps the two in step).
+DISTRIBUTIONS = ("lognormal", "uniform", "fixed")
+#: Longest sequence a trace may describe: the simulator numbers token positions below 2**24.
+MAX_SEQ_LEN = 2**24
+MAX_REQUESTS = 10**9
 
 
 @click.group()
@@ -12,26 +17,34 @@ def trace():
 
 
 @trace.command()
-@click.option("--out", type=click.Path(dir_okay=False), required=True, help="JSONL file to write.")
-@click.option("--num-requests", type=int, required=True)
-@click.option("--seed", type=int, required=True, help="The same seed gives the same trace.")
-@click.option("--rate", type=float, default=4.0, show_default=True, help="Poisson arrivals per second.")
-@click.option("--prompt-dist", type=click.Choice(tr.DISTRIBUTIONS), default="lognormal", show_default=True)
-@click.option("--prompt-mean", type=float, default=450, show_default=True)
-@click.option("--output-dist", type=click.Choice(tr.DISTRIBUTIONS), default="lognormal", show_default=True)
-@click.option("--output-mean", type=float, default=120, show_default=True)
-@click.option("--sigma", type=float, default=0.5, show_default=True, help="Log-space spread of lognormal lengths.")
-@click.option("--max-seq-len", type=int, default=2048, show_default=True, help="Clip prompt + output to this.")
-@click.option("--prefix-fraction", type=float, default=0.0, show_default=True,
+@click.option("--out", type=OutputFile(), required=True, help="JSONL file to write ('-' for stdout).")
+@click.option("--num-requests", type=click.IntRange(1, MAX_REQUESTS), required=True)
+@click.option("--seed", type=click.IntRange(0, 2**63 - 1), required=True, help="The same seed gives the same trace.")
+@click.option("--rate", type=Finite(1e-6, 1e9), default=4.0, show_default=True, help="Poisson arrivals per second.")
+@click.option("--prompt-dist", type=click.Choice(DISTRIBUTIONS), default="lognormal", show_default=True)
+@click.option("--prompt-mean", type=Finite(1, MAX_SEQ_LEN), default=450, show_default=True, help="Mean prompt tokens.")
+@click.option("--output-dist", type=click.Choice(DISTRIBUTIONS), default="lognormal", show_default=True)
+@click.option("--output-mean", type=Finite(1, MAX_SEQ_LEN), default=120, show_default=True, help="Mean output tokens.")
+@click.option("--sigma", type=Finite(0, 4), default=0.5, show_default=True, help="Log-space spread of lognormal lengths.")
+@click.option("--max-seq-len", "--max-model-len", "max_seq_len", type=click.IntRange(2, MAX_SEQ_LEN), default=2048,
+              show_default=True, help="Clip prompt + output to this.")
+@click.option("--prefix-fraction", type=Finite(0, 1), default=0.0, show_default=True,
               help="Share of requests that start with a shared prefix.")
-@click.option("--prefix-groups", type=int, default=4, show_default=True, help="Distinct shared prefixes.")
-@click.option("--prefix-len", type=int, default=0, show_default=True, help="Tokens in a shared prefix.")
-@click.option("--sample-prob", type=float, default=0.0, show_default=True,
+@click.option("--prefix-groups", type=click.IntRange(1, 2**20), default=4, show_default=True,
+              help="Distinct shared prefixes.")
+@click.option("--prefix-len", type=click.IntRange(0, MAX_SEQ_LEN), default=0, show_default=True,
+              help="Tokens in a shared prefix.")
+@click.option("--sample-prob", type=Finite(0, 1), default=0.0, show_default=True,
               help="Share of requests that ask for parallel samples.")
-@click.option("--num-samples", type=int, default=4, show_default=True, help="Samples such a request asks for.")
+@click.option("--num-samples", type=click.IntRange(1, 1024), default=4, show_default=True,
+              help="Samples such a request asks for.")
 def synth(out, num_requests, seed, rate, prompt_dist, prompt_mean, output_dist, output_mean, sigma,
           max_seq_len, prefix_fraction, prefix_groups, prefix_len, sample_prob, num_samples):
-    """Write a seeded synthetic trace (defaults: the seed scenario, prompts ~450, outputs ~120, max 2048)."""
+    """Write a seeded synthetic trace. The defaults (Poisson arrivals at 4/s, lognormal prompts of mean
+    450 tokens and outputs of mean 120, prompt + output clipped to 2048) are the workload of the
+    published PagedAttention bookkeeping example this project reproduces."""
+    from pagedkv.impl.sim import trace as tr
+
     try:
         cfg = tr.TraceConfig(
             num_requests=num_requests, seed=seed, rate=rate,
@@ -43,20 +56,23 @@ def synth(out, num_requests, seed, rate, prompt_dist, prompt_mean, output_dist, 
         raise click.UsageError(str(e)) from e
     requests = tr.synthesize(cfg)
     tr.write_trace(out, requests)
-    click.echo(f"wrote {len(requests)} requests to {out}")
+    click.echo(f"wrote {len(requests)} requests to {out}", err=out == "-")
 
 
 @trace.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def stats(file, as_json):
+@json_option
+def stats(file, json_path):
     """Count, mean and percentiles of a trace's lengths."""
+    from pagedkv.impl.sim import trace as tr
+
     try:
         summary = tr.trace_stats(tr.read_trace(file))
     except tr.TraceError as e:
         raise click.UsageError(str(e)) from e
-    if as_json:
-        click.echo(json.dumps(summary))
+    if json_path:
+        write_json(json_path, summary)
+    if json_path == "-":
         return
     rate = summary["rate_per_s"]
     click.echo(f"requests     {summary['count']}  over {summary['duration_s']:.1f} s"

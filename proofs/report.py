@@ -6,6 +6,7 @@ are built inside the worker that solves them.
 """
 import multiprocessing
 import os
+import signal
 import time
 from dataclasses import asdict, dataclass
 
@@ -119,20 +120,44 @@ def _run_task(task) -> list:
         return [ObligationResult(f"{name}{args!r}", "error", "-", False, 0.0, f"{type(error).__name__}: {error}")]
 
 
-def run_proofs(profile: str = "ci", workers: int = 0) -> list:
-    """Run every obligation of the profile; `workers` processes (0: one per CPU core)."""
+def _run_numbered(numbered_task) -> tuple:
+    number, task = numbered_task
+    return number, _run_task(task)
+
+
+def _quit_quietly(_signum, _frame):
+    # Ctrl-C reaches every process of the terminal's foreground group. The parent reports the
+    # interruption; a worker just leaves (SystemExit still kills its CrossHair subprocess on the way
+    # out, and unlike KeyboardInterrupt it prints no traceback per worker).
+    raise SystemExit(130)
+
+
+def run_proofs(profile: str = "ci", workers: int = 0, on_done=None) -> list:
+    """Run every obligation of the profile; `workers` processes (0: one per CPU core).
+    `on_done(task, results)`, if given, is called in this process as each task finishes (progress)."""
     tasks = obligations(profile)
     workers = workers or os.cpu_count() or 1
     # The slowest tasks first, so the pool's tail stays short.
     order = sorted(range(len(tasks)),
                    key=lambda i: tasks[i][0] not in ("explicit_bmc", "bmc", "witnesses", "crosshair_check",
                                                     "crosshair_scenarios"))
+    done = {}
     if workers == 1:
-        done = {i: _run_task(tasks[i]) for i in order}
+        finished = (_run_numbered((i, tasks[i])) for i in order)
+        _collect(finished, tasks, done, on_done)
     else:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
-            done = dict(zip(order, pool.map(_run_task, [tasks[i] for i in order], chunksize=1)))
+        with multiprocessing.get_context("fork").Pool(workers, initializer=signal.signal,
+                                                      initargs=(signal.SIGINT, _quit_quietly)) as pool:
+            _collect(pool.imap_unordered(_run_numbered, [(i, tasks[i]) for i in order], chunksize=1),
+                     tasks, done, on_done)
     return [result for i in range(len(tasks)) for result in done[i]]
+
+
+def _collect(finished, tasks, done: dict, on_done) -> None:
+    for number, results in finished:
+        done[number] = results
+        if on_done:
+            on_done(tasks[number], results)
 
 
 def run_proof_check(profile: str) -> dict:

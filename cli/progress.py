@@ -1,0 +1,96 @@
+"""Live progress for long commands: a rich display on a terminal, plain lines when stderr is piped
+or redirected (CI logs), so a run of several minutes never looks like a hung one.
+
+Progress goes to stderr; stdout keeps the command's results.
+"""
+import sys
+import time
+from dataclasses import dataclass, field
+
+from pagedkv.cli.common import format_duration
+
+
+@dataclass
+class Step:
+    label: str
+    total: int = 1
+    expected_s: float | None = None     # measured duration of this step, None when unknown
+    done: int = 0
+    failed: int = 0
+    started: float | None = None
+    task_id: int | None = None
+    seconds: float = field(default=0.0)
+
+    @property
+    def expected(self) -> str:
+        return f"expected ~{format_duration(self.expected_s)}" if self.expected_s is not None else ""
+
+
+class StepProgress:
+    """Named steps, each with a count of parts; `begin`, then `advance` once per finished part.
+
+    announce: on a non-terminal, print a line when each step begins (sequential steps such as the
+    checks of `pagedkv check`); steps that all run at once (proof groups) print only when done.
+    verdicts: a finished step shows PASS or FAIL (checks) rather than just done (a file written)."""
+
+    def __init__(self, title: str, steps: dict, announce: bool = True, verdicts: bool = True, stream=None):
+        self.title, self.steps, self.announce, self.verdicts = title, steps, announce, verdicts
+        self.stream = stream or sys.stderr
+        self.live = None
+
+    def __enter__(self):
+        if self.stream.isatty():
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                                       TimeElapsedColumn)
+
+            self.live = Progress(SpinnerColumn(finished_text="[green]✓"), TextColumn("{task.description}"),
+                                 BarColumn(bar_width=20), MofNCompleteColumn(), TextColumn("{task.fields[state]}"),
+                                 TimeElapsedColumn(), TextColumn("[dim]{task.fields[expected]}"),
+                                 console=Console(file=self.stream), transient=False)
+            self.live.__enter__()
+            for step in self.steps.values():
+                step.task_id = self.live.add_task(step.label, total=step.total, start=False, state="waiting",
+                                                  expected=step.expected)
+        return self
+
+    def __exit__(self, *exc):
+        if self.live is not None:
+            for step in self.steps.values():
+                if step.started is not None and step.done < step.total:
+                    self.live.update(step.task_id, state="[yellow]interrupted")
+                    self.live.stop_task(step.task_id)
+            self.live.__exit__(*exc)
+        return False
+
+    def begin(self, key) -> None:
+        step = self.steps[key]
+        step.started = time.perf_counter()
+        if self.live is not None:
+            self.live.start_task(step.task_id)
+            self.live.update(step.task_id, state="running")
+        elif self.announce:
+            self._line(f"{step.label}: running" + (f" ({step.expected})" if step.expected else ""))
+
+    def advance(self, key, failed: int = 0, count: int = 1) -> None:
+        step = self.steps[key]
+        step.done += count
+        step.failed += failed
+        finished = step.done >= step.total
+        if finished:
+            step.seconds = time.perf_counter() - step.started
+        verdict = ("[red]FAIL" if step.failed else "[green]PASS") if self.verdicts else "[green]done"
+        if self.live is not None:
+            state = (f"{verdict} ({step.failed} failed)" if step.failed else verdict) if finished else (
+                f"[red]{step.failed} failed" if step.failed else "running")
+            self.live.update(step.task_id, completed=step.done, state=state)
+            if finished:
+                self.live.stop_task(step.task_id)
+        elif finished:
+            failed_text = f" ({step.failed} of {step.total} failed)" if step.failed and step.total > 1 else ""
+            outcome = ("FAIL" if step.failed else "PASS") if self.verdicts else "done"
+            self._line(f"{step.label}: {outcome}{failed_text} in "
+                       f"{format_duration(step.seconds)}")
+
+    def _line(self, text: str) -> None:
+        print(f"{self.title}: {text}", file=self.stream, flush=True)
