@@ -1,7 +1,7 @@
 """The conformance harness: one Hypothesis state machine that drives any block manager.
 
 A *subject* is anything built by `factory(num_blocks=, block_size=, prefix_caching=, num_cpu_blocks=)`
-with the protocol methods of DESIGN.md ("The conformance protocol"). The harness trusts nothing the
+with the protocol methods of docs/design.md ("The conformance protocol"). The harness trusts nothing the
 subject keeps: it holds its own ghost memory (flat slot -> `KV(prefix, token)`, one dict per pool),
 writes every computed token into the slot the subject's block table names, performs the copies the
 subject returns, and keeps its own model of each sequence's tokens. A `KVSpec` *shadow* runs the same

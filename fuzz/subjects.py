@@ -1,7 +1,7 @@
 """Resolve a fuzz TARGET into a subject factory: `spec`, `impl`, or `module:factory` for anyone's.
 
 A factory takes `num_blocks`, `block_size`, `prefix_caching`, `num_cpu_blocks` as keywords and returns
-a subject with the protocol methods (DESIGN.md, "The conformance protocol"). Resolving builds one
+a subject with the protocol methods (docs/design.md, "The conformance protocol"). Resolving builds one
 small probe subject, so a factory that cannot be imported, called or that lacks methods is reported
 here, as a `UsageError` with the reason, before any fuzzing starts.
 """
