@@ -2,6 +2,8 @@
 
 import click
 
+from pagedkv.spec.lab import DEFAULT_LENGTHS   # stdlib only: cheap to import before parsing
+
 #: The spec keeps every token it stores; a lab length is for reading the arithmetic, not for load.
 MAX_LENGTH = 1_000_000
 
@@ -18,7 +20,7 @@ def parse_lengths(_ctx, _param, value: str) -> tuple:
 
 @click.command()
 @click.option("--block-size", type=click.IntRange(1, 65_536), default=16, show_default=True, help="Tokens per block.")
-@click.option("--lengths", default="17,32,63", show_default=True, callback=parse_lengths,
+@click.option("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)), show_default=True, callback=parse_lengths,
               help="Comma-separated sequence lengths.")
 def lab(block_size, lengths):
     """Block arithmetic for some sequence lengths (blocks, slots, useful tokens, tail waste), then five
