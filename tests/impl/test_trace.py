@@ -175,7 +175,7 @@ def test_cli_synth_is_deterministic_and_stats_reads_it(tmp_path):
         assert "wrote 200 requests" in r.output
     assert a.read_bytes() == b.read_bytes()
 
-    r = runner.invoke(trace_cmd, ["stats", str(a), "--json"])
+    r = runner.invoke(trace_cmd, ["stats", str(a), "--json", "-"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.output) == trace_stats(read_trace(a))
 
@@ -195,8 +195,8 @@ def test_cli_synth_options_reach_the_synthesizer(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["synth", "--out", "x.jsonl", "--num-requests", "10", "--seed", "1", "--rate", "0"], "rate must be positive"),
-    (["synth", "--out", "x.jsonl", "--num-requests", "10", "--seed", "1", "--prompt-mean", "0"], "mean length"),
+    (["synth", "--out", "x.jsonl", "--num-requests", "10", "--seed", "1", "--rate", "0"], "'--rate': 0.0 is not in the range 1e-06<=x"),
+    (["synth", "--out", "x.jsonl", "--num-requests", "10", "--seed", "1", "--prompt-mean", "0"], "'--prompt-mean': 0.0 is not in the range 1<=x"),
     (["synth", "--out", "x.jsonl", "--num-requests", "10", "--seed", "1", "--prompt-dist", "zipf"], "zipf"),
 ])
 def test_cli_synth_usage_errors(args, message, tmp_path):
