@@ -37,6 +37,7 @@ from pagedkv.spec import PagedKVError
 
 from .kernel_corpus import (FAILURES_ENV, Heads, check_attention, kv_values, make_case, prefix_keys, queries,
                             read_back_problem, save_failures)
+from .kernel_kit.protocol import Requirement, load_kernel, skip_reason
 from .profiles import EFFORT, kernel_settings_for, settings_for
 from .spec_machine import ALPHABET, SHARED_PREFIXES, tokens_st
 from .strategies import (CACHE_HIT, COW, RECOMPUTE, RESUME, SCHEDULER_STEP, STEP_PREEMPT, SWAP, FreshIds,
@@ -129,6 +130,7 @@ class KernelMachine(RuleBasedStateMachine):
     limits = Limits()
     heads = HEADS
     run_kernels = True
+    target = None      # the kernel under test (a kernel_kit LoadedKernel); None: pagedkv's own
     record = None
     tally = None
     failures = None
@@ -350,10 +352,14 @@ class KernelMachine(RuleBasedStateMachine):
         query_seed = hash((self.kv_seed, self.checks))
         problem = self.length_problem(seq_ids, lens) or read_back_problem(self.cache.k, self.cache.v, tables, lens,
                                                                            histories)
-        if problem is None and self.run_kernels:
+        skip = self.target and skip_reason(self.target.declared, Requirement(
+            kernel, self.bm.block_size, self.heads.head_dim, torch.float32, self.heads.group, frozenset()))
+        if problem is None and self.run_kernels and skip:
+            self.tally["skipped_checks"] += 1   # outside what the kernel under test declares
+        elif problem is None and self.run_kernels:
             q = queries(query_seed, sum(num_queries.values()), self.heads).to(DEVICE)
             ok, detail = check_attention(kernel, q, self.cache.k, self.cache.v, tables, lens,
-                                         list(num_queries.values()), histories)
+                                         list(num_queries.values()), histories, target=self.target)
             problem = None if ok else detail
             self.tally[f"{kernel}_checks"] += 1
         case = self.case(kernel, num_queries, tables, query_seed)
@@ -414,10 +420,13 @@ def run_kernel_machine(profile: str, *, failures_path=None, seed=None, settings=
     return tally
 
 
-def run_kernel_state_check(profile: str) -> dict:
-    """The `pagedkv check` entry: the machine passes, by hand and scheduled, and reaches every path."""
+def run_kernel_state_check(profile: str, kernel: str | None = None) -> dict:
+    """The `pagedkv check` entry: the machine passes, by hand and scheduled, and reaches every path.
+    `kernel` ("module:factory", see kernel_kit.protocol) replaces pagedkv's kernels; batches outside
+    what it declares are read back but not run, and counted as skipped."""
+    target = load_kernel(kernel) if kernel else None
     try:
-        tally = run_kernel_machine(profile) + run_kernel_machine(profile, scheduled=True)
+        tally = run_kernel_machine(profile, target=target) + run_kernel_machine(profile, scheduled=True, target=target)
     except Exception as error:  # the machine's failure, already shrunk (and saved if a path is set)
         saved = os.environ.get(FAILURES_ENV)
         return {"name": "kernel-state", "covered": "-", "passed": False,
@@ -428,7 +437,8 @@ def run_kernel_state_check(profile: str) -> dict:
     return {
         "name": "kernel-state",
         "covered": (f"{tally['examples']} examples, {tally['steps']} steps, {tally['decode_checks']} decode + "
-                    f"{tally['prefill_checks']} prefill kernel checks ({paths})"),
+                    f"{tally['prefill_checks']} prefill kernel checks"
+                    + (f" of {target.target} ({tally['skipped_checks']} skipped)" if target else "") + f" ({paths})"),
         "passed": not missed,
         "detail": f"paths never reached: {', '.join(missed)}" if missed else "",
     }

@@ -1,6 +1,7 @@
 """Builders and tolerance rules for differential tests of the paged kernels.
 
-Used by ``tests/kernels`` and by ``check.run_kernel_check`` (and open to the fuzz room).
+Used by ``tests/kernels``; the tolerance rule (``compare``, ``RTOL_FACTOR``, ``ATOL``) also by the kernel
+conformance kit (``pagedkv.fuzz.kernel_kit``), which judges anyone's kernel with it.
 
 A case scatters random K/V for every sequence into a cache whose physical blocks are a random
 permutation drawn from a pool ``pool_factor`` times larger than needed. Every slot that does not

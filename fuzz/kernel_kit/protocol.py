@@ -44,7 +44,8 @@ Declarations (attributes of the kernel object; a missing one means the default):
         "split_kv"        decode also takes ``num_splits=k`` (k >= 1) and splits the key range k ways
     block_sizes   collection of ints B the kernel supports (default None: any B >= 1)
     head_dims     collection of ints D (default None: any)
-    dtypes        collection of torch dtypes or their names (default: float32, float16, bfloat16)
+    dtypes        collection of torch dtypes or their names it runs in on this machine (default:
+                  float32 and float16, plus bfloat16 where CUDA is present: the interpreter has none)
     max_group     largest Hq / Hkv (default None: any)
     tile_size     optional, only for reports: the key-tile width, an int or a function of head_dim
 
@@ -98,7 +99,7 @@ class Declaration:
     capabilities: frozenset
     block_sizes: frozenset | None = None
     head_dims: frozenset | None = None
-    dtypes: frozenset = frozenset(DTYPES.values())
+    dtypes: frozenset = frozenset((torch.float32, torch.float16))
     max_group: int | None = None
     tile_size: int | Callable[[int], int] | None = None
 
@@ -147,7 +148,7 @@ def _int_set(target: str, name: str, value) -> frozenset | None:
 
 def _dtype_set(target: str, value) -> frozenset:
     if value is None:
-        return frozenset(DTYPES.values())
+        return frozenset(DTYPES.values()) if torch.cuda.is_available() else frozenset((torch.float32, torch.float16))
     if isinstance(value, (str, torch.dtype)) or not isinstance(value, Collection):
         raise KernelTargetError(f"target {target!r}: dtypes must be a collection, got {value!r}")
     out = set()

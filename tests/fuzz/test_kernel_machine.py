@@ -6,7 +6,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, settings
 
-from pagedkv.fuzz import kernel_corpus
+from pagedkv.fuzz.kernel_kit import pagedkv_target
 from pagedkv.fuzz.kernel_corpus import read_corpus, replay_case
 from pagedkv.fuzz.kernel_machine import PATHS, Limits, run_kernel_machine, run_kernel_state_check
 from pagedkv.impl import BlockManager
@@ -55,9 +55,9 @@ def test_planted_allocator_bug_is_caught_and_saved(planted, symptom, tmp_path):
 
 
 def test_planted_kernel_bug_is_caught(monkeypatch):
-    def forgets_last_key(q, k_cache, v_cache, block_tables, seq_lens):
-        return paged_decode(q, k_cache, v_cache, block_tables, (seq_lens - 1).clamp(min=1))
+    def forgets_last_key(q, k_cache, v_cache, block_tables, seq_lens, **options):
+        return paged_decode(q, k_cache, v_cache, block_tables, (seq_lens - 1).clamp(min=1), **options)
 
-    monkeypatch.setattr(kernel_corpus, "paged_decode", forgets_last_key)
+    monkeypatch.setattr(pagedkv_target, "paged_decode", forgets_last_key)
     with pytest.raises(AssertionError, match="decode batch .* err"):
         run_kernel_machine("ci", settings=QUICK, limits=SMALL, failures_path=None)
