@@ -16,6 +16,7 @@ from .harness import CAPABILITIES, DEFAULT_CAPABILITIES, PROTOCOL, SWAP_PROTOCOL
 NAMED = {
     "spec": "pagedkv.spec.kvspec:KVSpec",
     "impl": "pagedkv.impl:BlockManager",
+    "sglang": "pagedkv.fuzz.adapters.sglang:make",   # SGLang 0.5.23's radix cache (fuzz/adapters/sglang.py)
 }
 PROBE = {"num_blocks": 2, "block_size": 2, "prefix_caching": False, "num_cpu_blocks": 0}
 
