@@ -57,19 +57,20 @@ def main(arch: int = 90, quick: bool = False) -> int:
         for head_dim, group, splits in shapes:
             block_m, block_n, block_d = A.tile_sizes(head_dim, group, decode=splits > 1 or group < 8,
                                                      tile_rows=None, on_gpu=True)
-            consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+            consts = dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=16 if splits > 1 else 3,
+                          BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
                           CAUSAL=True, USE_WINDOW=splits == 4, USE_SOFTCAP=group == 5, NUM_SPLITS=splits,
-                          IEEE_DOT=dt == "fp32")
+                          IEEE_DOT=dt == "fp32", DECODE_TILES=splits > 1 or group < 8)
             ptrs = {"q_ptr": "*" + dt, "k_ptr": "*" + dt, "v_ptr": "*" + dt, "lse_ptr": "*fp32",
                     "out_ptr": "*fp32" if splits > 1 else "*" + dt}
             compile_(A._paged_attention_kernel, dt, consts, ptrs, num_warps=4 if block_d <= 128 else 8)
         compile_(D._combine_splits_kernel, dt,
                  dict(NUM_SPLITS=3, SPLITS_P2=4, HEAD_DIM=80, BLOCK_D=128),
                  {"part_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": "*" + dt})
-        compile_(C._write_kv_kernel, dt, dict(HEAD_DIM=96, BLOCK_T=16, BLOCK_D=128),
+        compile_(C._write_kv_kernel, dt, dict(BLOCK_SIZE=16, HEAD_DIM=96, BLOCK_T=16, BLOCK_D=128),
                  {"key_ptr": "*" + dt, "value_ptr": "*" + dt, "k_ptr": "*" + dt, "v_ptr": "*" + dt,
                   "slots_ptr": "*i64"})
-        compile_(C._copy_blocks_kernel, dt, dict(HEAD_DIM=256, BLOCK_S=16, BLOCK_D=256),
+        compile_(C._copy_blocks_kernel, dt, dict(BLOCK_SIZE=5, HEAD_DIM=256, BLOCK_S=16, BLOCK_D=256),
                  {"k_ptr": "*" + dt, "v_ptr": "*" + dt, "pairs_ptr": "*i64"})
     print(f"compiled {done} kernel variants for sm_{arch}")
     return 0

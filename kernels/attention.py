@@ -89,32 +89,44 @@ def _paged_attention_kernel(
     stride_os, stride_ot, stride_oh,
     stride_ls, stride_lt, stride_lh,
     stride_tab,
-    scale, softcap, window, block_size,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+    scale, softcap, window, capacity, num_q_tokens,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, IEEE_DOT: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, IEEE_DOT: tl.constexpr, DECODE_TILES: tl.constexpr,
 ):
     tile = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
 
-    seq = tl.load(tile_seq_ptr + tile).to(tl.int64)
-    row0 = tl.load(tile_row_ptr + tile)
-    q_start = tl.load(qsl_ptr + seq)
-    q_len = tl.load(qsl_ptr + seq + 1) - q_start
-    seq_len = tl.load(seq_lens_ptr + seq)
+    if DECODE_TILES:
+        # decode: query i is row i of q, and each sequence owns the same ceil(G / BLOCK_M) tiles,
+        # so the tile's sequence and first row follow from the program id (no tile list at all)
+        tiles_per_seq = (GROUP + BLOCK_M - 1) // BLOCK_M
+        seq = (tile // tiles_per_seq).to(tl.int64)
+        row0 = (tile % tiles_per_seq) * BLOCK_M
+        q_start = seq
+        q_len = 1
+    else:
+        seq = tl.load(tile_seq_ptr + tile).to(tl.int64)
+        row0 = tl.load(tile_row_ptr + tile)
+        q_start = tl.load(qsl_ptr + seq)
+        q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    # Clamped so that lengths nobody checked (validate=False without host copies) can never
+    # address past the sequence's table row.
+    seq_len = tl.minimum(tl.maximum(tl.load(seq_lens_ptr + seq), 0), capacity)
 
     # ---- the rows of this tile: (query token, head of the group) pairs ------------------------
     rows = row0 + tl.arange(0, BLOCK_M)
     tok = rows // GROUP
     head = kvh * GROUP + rows % GROUP
-    row_ok = tok < q_len
+    q_tok = q_start + tok                                # row of q (and of out)
+    row_ok = (tok < q_len) & (q_tok >= 0) & (q_tok < num_q_tokens)
     q_pos = seq_len - q_len + tok                       # absolute position of each query row
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
 
-    q_rows = (q_start + tok).to(tl.int64) * stride_qt + head.to(tl.int64) * stride_qh
+    q_rows = q_tok.to(tl.int64) * stride_qt + head.to(tl.int64) * stride_qh
     q = tl.load(q_ptr + q_rows[:, None] + offs_d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
@@ -127,6 +139,8 @@ def _paged_attention_kernel(
     lo = 0
     if USE_WINDOW:
         lo = tl.maximum(0, seq_len - q_len + first_tok - window + 1)
+    if not DECODE_TILES:
+        hi = tl.where(row0 < q_len * GROUP, hi, lo)     # a padding tile (see build_prefill_tiles)
     span = tl.maximum(hi - lo, 0)
     per_split = tl.cdiv(tl.cdiv(span, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = lo + split * per_split
@@ -145,8 +159,8 @@ def _paged_attention_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_ok = offs_n < end
         # gather: token j lives in slot j % B of physical block tables[seq, j // B]
-        block = tl.load(table_row + offs_n // block_size, mask=n_ok, other=0).to(tl.int64)
-        slot = (offs_n % block_size).to(tl.int64)
+        block = tl.load(table_row + offs_n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
+        slot = (offs_n % BLOCK_SIZE).to(tl.int64)
         kv_mask = n_ok[:, None] & d_ok[None, :]
         k = tl.load(k_head + (block * stride_kb + slot * stride_ks)[:, None] + offs_d[None, :],
                     mask=kv_mask, other=0.0)
@@ -183,7 +197,7 @@ def _paged_attention_kernel(
     has = l_i > 0.0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
     out = tl.where(has[:, None], out, 0.0)
-    o_rows = (q_start + tok).to(tl.int64) * stride_ot + head.to(tl.int64) * stride_oh
+    o_rows = q_tok.to(tl.int64) * stride_ot + head.to(tl.int64) * stride_oh
     o_mask = row_ok[:, None] & d_ok[None, :]
     if NUM_SPLITS == 1:
         tl.store(out_ptr + o_rows[:, None] + offs_d[None, :], out.to(out_ptr.dtype.element_ty), mask=o_mask)
@@ -191,7 +205,7 @@ def _paged_attention_kernel(
         split_off = split.to(tl.int64)
         tl.store(out_ptr + split_off * stride_os + o_rows[:, None] + offs_d[None, :], out, mask=o_mask)
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
-        l_rows = (q_start + tok).to(tl.int64) * stride_lt + head.to(tl.int64) * stride_lh
+        l_rows = q_tok.to(tl.int64) * stride_lt + head.to(tl.int64) * stride_lh
         tl.store(lse_ptr + split_off * stride_ls + l_rows, lse, mask=row_ok)
 
 
@@ -215,32 +229,57 @@ def tile_sizes(head_dim: int, group: int, *, decode: bool, tile_rows: int | None
     return block_m, block_n, block_d
 
 
-def build_tiles(qsl: list[int], group: int, block_m: int, device):
-    """Row tiles: for each sequence, ceil(q_len * G / BLOCK_M) tiles of consecutive rows."""
+# Row index given to padding tiles: past every real tile's rows, and row0 + BLOCK_M stays an int32.
+PADDING_ROW = 2**30
+
+
+def build_prefill_tiles(query_start_loc, num_tokens: int, group: int, block_m: int):
+    """Row tiles of a prefill batch, built on q's device with vectorised ops and no host read.
+
+    Sequence i needs n_i = ceil(q_len_i * G / BLOCK_M) tiles of consecutive rows. sum_i n_i is only
+    known on the device, so the grid is its host-side bound ceil((T*G + S*(BLOCK_M-1)) / BLOCK_M)
+    (each sequence wastes less than one tile): tile t belongs to the sequence whose range of tile
+    numbers [end_i - n_i, end_i) holds t (a searchsorted over the running sum end), and the tiles
+    past sum_i n_i are padding (row PADDING_ROW), which the kernel gives an empty key range.
+    Returns (tile_seq, tile_row), int32 [bound] each.
+    """
     import torch
 
-    seqs, rows = [], []
-    for i in range(len(qsl) - 1):
-        n_rows = (qsl[i + 1] - qsl[i]) * group
-        for r in range(0, n_rows, block_m):
-            seqs.append(i)
-            rows.append(r)
-    tile_seq = torch.tensor(seqs, dtype=torch.int32, device=device)
-    tile_row = torch.tensor(rows, dtype=torch.int32, device=device)
-    return tile_seq, tile_row
+    num_seqs = query_start_loc.shape[0] - 1
+    bound = (num_tokens * group + num_seqs * (block_m - 1)) // block_m
+    qsl = query_start_loc.to(torch.int64)
+    q_lens = (qsl[1:] - qsl[:-1]).clamp(min=0)
+    n = (q_lens * group + block_m - 1) // block_m
+    end = torch.cumsum(n, 0)
+    t = torch.arange(bound, dtype=torch.int64, device=qsl.device)
+    seq = torch.searchsorted(end, t, right=True)
+    real = seq < num_seqs
+    seq = seq.clamp(max=num_seqs - 1)
+    row = (t - (end - n)[seq]) * block_m
+    row = torch.where(real, row, torch.full_like(row, PADDING_ROW))
+    return seq.to(torch.int32), row.to(torch.int32)
 
 
 def launch_attention(
-    q, k_cache, v_cache, out, lse, block_tables, seq_lens, qsl_tensor, tile_seq, tile_row, *,
+    q, k_cache, v_cache, out, lse, block_tables, seq_lens, qsl_tensor, tiles, *,
     scale: float, softcap, window, causal: bool, group: int, num_splits: int,
     block_m: int, block_n: int, block_d: int,
 ):
     """Launch the tile kernel. ``out`` is [T, Hq, D] (num_splits == 1) or float32
-    [splits, T, Hq, D] with ``lse`` float32 [splits, T, Hq] (num_splits > 1)."""
+    [splits, T, Hq, D] with ``lse`` float32 [splits, T, Hq] (num_splits > 1).
+
+    ``tiles`` is (tile_seq, tile_row) from ``build_prefill_tiles``, or None for a decode batch,
+    whose tiles the kernel derives from its program id (q row i is sequence i's query)."""
     import torch
 
-    num_tiles = tile_seq.shape[0]
     num_kv_heads = k_cache.shape[2]
+    if tiles is None:
+        num_tiles = q.shape[0] * -(-group // block_m)
+        tile_seq = tile_row = seq_lens  # unused by DECODE_TILES
+        qsl_tensor = seq_lens           # unused too
+    else:
+        tile_seq, tile_row = tiles
+        num_tiles = tile_seq.shape[0]
     if num_tiles == 0:
         return
     if num_splits == 1:
@@ -254,6 +293,7 @@ def launch_attention(
     on_gpu = q.device.type == "cuda"
     extra = {"num_warps": 4 if block_d <= 128 else 8, "num_stages": 2} if on_gpu else {}
     grid = (num_tiles, num_kv_heads, num_splits)
+    block_size = k_cache.shape[1]
     _paged_attention_kernel[grid](
         q, k_cache, v_cache, out, lse_arg,
         block_tables, seq_lens, qsl_tensor, tile_seq, tile_row,
@@ -263,11 +303,11 @@ def launch_attention(
         so, sot, soh,
         sls, slt, slh,
         block_tables.stride(0),
-        scale, float(softcap) if softcap is not None else 1.0,
-        int(window) if window is not None else 0, k_cache.shape[1],
-        GROUP=group, HEAD_DIM=q.shape[2],
+        scale, softcap if softcap is not None else 1.0,
+        window if window is not None else 0, block_tables.shape[1] * block_size, q.shape[0],
+        GROUP=group, HEAD_DIM=q.shape[2], BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         CAUSAL=causal, USE_WINDOW=window is not None, USE_SOFTCAP=softcap is not None,
-        NUM_SPLITS=num_splits, IEEE_DOT=q.dtype == torch.float32,
+        NUM_SPLITS=num_splits, IEEE_DOT=q.dtype == torch.float32, DECODE_TILES=tiles is None,
         **extra,
     )

@@ -26,21 +26,22 @@ from .attention import next_pow2
 
 @triton.jit
 def _write_kv_kernel(
-    key_ptr, value_ptr, k_ptr, v_ptr, slots_ptr, num_tokens,
+    key_ptr, value_ptr, k_ptr, v_ptr, slots_ptr, num_tokens, num_slots,
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_cb, stride_cs, stride_ch, stride_db, stride_ds, stride_dh,
-    block_size,
-    HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     h = tl.program_id(1).to(tl.int64)
     offs_t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     offs_d = tl.arange(0, BLOCK_D)
     t_ok = offs_t < num_tokens
     slot = tl.load(slots_ptr + offs_t, mask=t_ok, other=-1).to(tl.int64)
-    ok = t_ok & (slot >= 0)
+    # slots past the cache are skipped like -1: unchecked slots (a caller's wrong host copy) can
+    # never write outside the cache
+    ok = t_ok & (slot >= 0) & (slot < num_slots)
     mask = ok[:, None] & (offs_d < HEAD_DIM)[None, :]
-    block = tl.where(ok, slot // block_size, 0)
-    off = tl.where(ok, slot % block_size, 0)
+    block = tl.where(ok, slot // BLOCK_SIZE, 0)
+    off = tl.where(ok, slot % BLOCK_SIZE, 0)
     t64 = offs_t.to(tl.int64)
 
     key = tl.load(key_ptr + (t64 * stride_kt + h * stride_kh)[:, None] + offs_d[None, :], mask=mask)
@@ -55,8 +56,7 @@ def _write_kv_kernel(
 def _copy_blocks_kernel(
     k_ptr, v_ptr, pairs_ptr,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-    block_size,
-    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     p = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
@@ -64,9 +64,9 @@ def _copy_blocks_kernel(
     dst = tl.load(pairs_ptr + 2 * p + 1).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM
-    for s0 in range(0, block_size, BLOCK_S):
+    for s0 in range(0, BLOCK_SIZE, BLOCK_S):
         offs_s = (s0 + tl.arange(0, BLOCK_S)).to(tl.int64)
-        mask = (offs_s < block_size)[:, None] & d_ok[None, :]
+        mask = (offs_s < BLOCK_SIZE)[:, None] & d_ok[None, :]
         k_off = (offs_s * stride_ks + h * stride_kh)[:, None] + offs_d[None, :]
         v_off = (offs_s * stride_vs + h * stride_vh)[:, None] + offs_d[None, :]
         k = tl.load(k_ptr + src * stride_kb + k_off, mask=mask)
@@ -75,11 +75,24 @@ def _copy_blocks_kernel(
         tl.store(v_ptr + dst * stride_vb + v_off, v, mask=mask)
 
 
-def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
-    """Store key/value [T, Hkv, D] into the caches at ``slot_mapping`` (int64 [T], -1 skips)."""
+def _check_slots(slots: torch.Tensor, capacity: int) -> None:
+    bad = (slots < -1) | (slots >= capacity)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        V._fail(f"slot_mapping[{i}] = {int(slots[i])} is out of range: slots are -1 (skip) or in [0, {capacity})")
+    used = slots[slots >= 0]
+    if used.numel() != torch.unique(used).numel():
+        V._fail("slot_mapping writes the same slot twice; the result would depend on thread order")
+
+
+def write_kv(key, value, k_cache, v_cache, slot_mapping, *, slot_mapping_host=None) -> None:
+    """Store key/value [T, Hkv, D] into the caches at ``slot_mapping`` (int64 [T], -1 skips).
+
+    The slots are checked (in range, no slot twice) on ``slot_mapping_host`` if the caller passes
+    its host copy (CPU int tensor or sequence of ints, trusted to equal ``slot_mapping``), else on
+    a copy read from the device.
+    """
     num_blocks, block_size, num_kv_heads, head_dim = V.check_cache_pair(k_cache, v_cache)
-    V.check_not_overlapping("k_cache", k_cache)
-    V.check_not_overlapping("v_cache", v_cache)
     V.check_tensor("key", key, ndim=3, device=k_cache.device)
     V.check_tensor("value", value, ndim=3, device=k_cache.device)
     for name, t in (("key", key), ("value", value)):
@@ -90,55 +103,62 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
         V.check_last_dim_contiguous(name, t)
     if key.shape[0] != value.shape[0]:
         V._fail(f"key has {key.shape[0]} tokens but value has {value.shape[0]}")
-    V.check_tensor("slot_mapping", slot_mapping, ndim=1, dtype=torch.int64, device=k_cache.device)
+    V.check_index_tensor("slot_mapping", slot_mapping, ndim=1, dtype=torch.int64, device=k_cache.device)
     num_tokens = key.shape[0]
     if slot_mapping.shape[0] != num_tokens:
         V._fail(f"slot_mapping has {slot_mapping.shape[0]} entries for {num_tokens} tokens")
-    V.check_last_dim_contiguous("slot_mapping", slot_mapping)
-    slots = slot_mapping.cpu()
+    V.check_written_caches(k_cache, v_cache, {"key": key, "value": value, "slot_mapping": slot_mapping})
+    if slot_mapping_host is not None:
+        slots = V.host_ints("slot_mapping_host", slot_mapping_host, (num_tokens,))
+    else:
+        slots = V.read_to_host(slot_mapping)
     capacity = num_blocks * block_size
-    bad = (slots < -1) | (slots >= capacity)
-    if bool(bad.any()):
-        i = int(bad.nonzero()[0, 0])
-        V._fail(f"slot_mapping[{i}] = {int(slots[i])} is out of range: slots are -1 (skip) or in [0, {capacity})")
-    used = slots[slots >= 0]
-    if used.numel() != torch.unique(used).numel():
-        V._fail("slot_mapping writes the same slot twice; the result would depend on thread order")
+    _check_slots(slots, capacity)
     if num_tokens == 0:
         return
     block_t = 16
     block_d = max(16, next_pow2(head_dim))
     grid = (triton.cdiv(num_tokens, block_t), num_kv_heads)
     _write_kv_kernel[grid](
-        key, value, k_cache, v_cache, slot_mapping, num_tokens,
+        key, value, k_cache, v_cache, slot_mapping, num_tokens, capacity,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_size, HEAD_DIM=head_dim, BLOCK_T=block_t, BLOCK_D=block_d,
+        BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_T=block_t, BLOCK_D=block_d,
     )
 
 
-def copy_blocks(k_cache, v_cache, pairs) -> None:
-    """Copy whole blocks ``src -> dst`` for every row (src, dst) of ``pairs`` (int64 [P, 2])."""
-    num_blocks, block_size, num_kv_heads, head_dim = V.check_cache_pair(k_cache, v_cache)
-    V.check_not_overlapping("k_cache", k_cache)
-    V.check_not_overlapping("v_cache", v_cache)
-    V.check_tensor("pairs", pairs, dtype=torch.int64, device=k_cache.device)
-    if pairs.dim() != 2 or pairs.shape[1] != 2:
-        V._fail(f"pairs must be [P, 2] (src, dst), got shape {tuple(pairs.shape)}")
-    if not pairs.is_contiguous():
-        V._fail("pairs must be contiguous")
-    host = pairs.cpu()
+def _check_pairs(host: torch.Tensor, num_blocks: int) -> None:
     bad = (host < 0) | (host >= num_blocks)
     if bool(bad.any()):
         i, j = (int(x) for x in bad.nonzero()[0])
         V._fail(f"pairs[{i}, {j}] = {int(host[i, j])} is not a block id in [0, {num_blocks})")
-    src, dst = host[:, 0].tolist(), host[:, 1].tolist()
-    if len(set(dst)) != len(dst):
+    src, dst = host[:, 0], host[:, 1]
+    if torch.unique(dst).numel() != dst.numel():
         V._fail("pairs has a destination block twice; the result would depend on thread order")
-    both = set(src) & set(dst)
-    if both:
-        V._fail(f"block {min(both)} is both a source and a destination in pairs; copies must be independent")
+    both = src[torch.isin(src, dst)]
+    if both.numel():
+        V._fail(f"block {int(both.min())} is both a source and a destination in pairs; copies must be independent")
+
+
+def copy_blocks(k_cache, v_cache, pairs, *, pairs_host=None) -> None:
+    """Copy whole blocks ``src -> dst`` for every row (src, dst) of ``pairs`` (int64 [P, 2]).
+
+    The pairs are checked (block ids in range, no destination twice, no block both a source and a
+    destination) on ``pairs_host`` if given (host copy, trusted to equal ``pairs``), else on a copy
+    read from the device.
+    """
+    num_blocks, block_size, num_kv_heads, head_dim = V.check_cache_pair(k_cache, v_cache)
+    V.check_tensor("pairs", pairs, dtype=torch.int64, device=k_cache.device)
+    if pairs.dim() != 2 or pairs.shape[1] != 2:
+        V._fail(f"pairs must be [P, 2] (src, dst), got shape {tuple(pairs.shape)}")
+    V.check_index_tensor("pairs", pairs, ndim=2, dtype=torch.int64, device=k_cache.device)
+    V.check_written_caches(k_cache, v_cache, {"pairs": pairs})
+    if pairs_host is not None:
+        host = V.host_ints("pairs_host", pairs_host, tuple(pairs.shape))
+    else:
+        host = V.read_to_host(pairs)
+    _check_pairs(host, num_blocks)
     if host.shape[0] == 0:
         return
     block_s = min(64, max(16, next_pow2(block_size)))
@@ -147,5 +167,5 @@ def copy_blocks(k_cache, v_cache, pairs) -> None:
         k_cache, v_cache, pairs,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_size, HEAD_DIM=head_dim, BLOCK_S=block_s, BLOCK_D=block_d,
+        BLOCK_SIZE=block_size, HEAD_DIM=head_dim, BLOCK_S=block_s, BLOCK_D=block_d,
     )

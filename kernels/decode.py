@@ -16,12 +16,14 @@ log-sum-exp lse_s. ``_combine_splits_kernel`` merges them exactly:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from . import validation as V
-from .attention import build_tiles, launch_attention, tile_sizes
+from .attention import launch_attention, tile_sizes
 
 MIN_TOKENS_PER_SPLIT = 256
 MAX_SPLITS = 32
@@ -55,10 +57,16 @@ def _combine_splits_kernel(
     tl.store(out_ptr + t * stride_ot + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def device_parallelism(device: torch.device) -> int:
-    """How many programs keep the device busy: SM count on CUDA, a small constant on the interpreter."""
+    """How many programs keep the device busy: SM count on CUDA (asked once per device, a host-side
+    property query), a small constant on the interpreter."""
     if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     return 4
 
 
@@ -84,6 +92,9 @@ def paged_decode(
     num_splits: int | None = None,
     validate: bool = True,
     *,
+    seq_lens_host=None,
+    block_tables_host=None,
+    max_seq_len: int | None = None,
     _tile_rows: int | None = None,
 ) -> torch.Tensor:
     """Decode attention over a paged KV cache; returns [S, Hq, D] in q's dtype.
@@ -91,14 +102,34 @@ def paged_decode(
     num_splits: None chooses split-KV automatically (see ``choose_num_splits``); 1 forces the
     single-pass kernel; k > 1 forces k splits. ``validate`` additionally checks that every block id
     a sequence reads is within [0, num_blocks).
+
+    Host metadata (the launch path without device-to-host copies). By default ``seq_lens`` (and,
+    with ``validate``, ``block_tables``) are copied to the host to be checked and to size the split;
+    on a GPU each copy is a sync. A caller that already holds them on the host passes them:
+
+    * ``seq_lens_host``: host copy of ``seq_lens`` (CPU int tensor or sequence of ints);
+    * ``block_tables_host``: host copy of ``block_tables``, used for the block-id check;
+    * ``max_seq_len``: an upper bound of the lengths (sizes the split). With ``validate=False`` and
+      no ``seq_lens_host`` nothing is read at all (what a CUDA graph needs); the kernel then clamps
+      each length to the table capacity, so wrong lengths give wrong rows but never a read outside
+      the block table.
+
+    Host copies are trusted to equal the device tensors. The launch itself builds no tile list:
+    the kernel finds its sequence from its program id.
     """
-    info = V.check_attention_args(q, k_cache, v_cache, block_tables, seq_lens)
+    info = V.check_attention_shapes(q, k_cache, v_cache, block_tables, seq_lens)
     if q.shape[0] != info["num_seqs"]:
         raise V.KernelArgumentError(
             f"decode has one query per sequence: q.shape[0] = {q.shape[0]} but there are {info['num_seqs']} sequences"
         )
-    V.check_num_splits(num_splits)
-    scale = V.check_attention_options(info, block_tables, scale, sliding_window, softcap, _tile_rows, validate)
+    num_splits = V.check_num_splits(num_splits)
+    scale = V.check_scale(scale, info["head_dim"])
+    softcap = V.check_softcap(softcap)
+    window = V.check_window(sliding_window, info["capacity"])
+    tile_rows = V.check_tile_rows(_tile_rows)
+    _, longest = V.host_lengths(info, seq_lens, block_tables, seq_lens_host=seq_lens_host,
+                                block_tables_host=block_tables_host, max_seq_len=max_seq_len,
+                                validate=validate)
 
     num_seqs, num_q_heads, head_dim = q.shape
     group = num_q_heads // info["num_kv_heads"]
@@ -106,30 +137,24 @@ def paged_decode(
     if num_seqs == 0:
         return out
     on_gpu = q.device.type == "cuda"
-    block_m, block_n, block_d = tile_sizes(head_dim, group, decode=True, tile_rows=_tile_rows, on_gpu=on_gpu)
-    qsl = list(range(num_seqs + 1))
-    tile_seq, tile_row = build_tiles(qsl, group, block_m, q.device)
-    qsl_tensor = torch.arange(num_seqs + 1, dtype=torch.int32, device=q.device)
-
-    lens = info["seq_lens"]
-    longest = max(lens)
-    if sliding_window is not None:
-        longest = min(longest, sliding_window)
+    block_m, block_n, block_d = tile_sizes(head_dim, group, decode=True, tile_rows=tile_rows, on_gpu=on_gpu)
+    if window is not None:
+        longest = min(longest, window)
     if num_splits is None:
-        num_programs = tile_seq.shape[0] * info["num_kv_heads"]
+        num_programs = num_seqs * -(-group // block_m) * info["num_kv_heads"]
         num_splits = choose_num_splits(num_programs, longest, device_parallelism(q.device))
 
-    common = dict(scale=scale, softcap=softcap, window=sliding_window, causal=True, group=group,
+    common = dict(scale=scale, softcap=softcap, window=window, causal=True, group=group,
                   block_m=block_m, block_n=block_n, block_d=block_d)
     if num_splits == 1:
-        launch_attention(q, k_cache, v_cache, out, None, block_tables, seq_lens, qsl_tensor,
-                         tile_seq, tile_row, num_splits=1, **common)
+        launch_attention(q, k_cache, v_cache, out, None, block_tables, seq_lens, None, None,
+                         num_splits=1, **common)
         return out
 
     part = torch.empty((num_splits, num_seqs, num_q_heads, head_dim), dtype=torch.float32, device=q.device)
     lse = torch.empty((num_splits, num_seqs, num_q_heads), dtype=torch.float32, device=q.device)
-    launch_attention(q, k_cache, v_cache, part, lse, block_tables, seq_lens, qsl_tensor,
-                     tile_seq, tile_row, num_splits=num_splits, **common)
+    launch_attention(q, k_cache, v_cache, part, lse, block_tables, seq_lens, None, None,
+                     num_splits=num_splits, **common)
     _combine_splits_kernel[(num_seqs, num_q_heads)](
         part, lse, out,
         part.stride(0), part.stride(1), part.stride(2),

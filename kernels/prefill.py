@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from . import validation as V
-from .attention import build_tiles, launch_attention, tile_sizes
+from .attention import build_prefill_tiles, launch_attention, tile_sizes
 
 
 def paged_prefill(
@@ -34,26 +34,43 @@ def paged_prefill(
     softcap: float | None = None,
     validate: bool = True,
     *,
+    seq_lens_host=None,
+    query_start_loc_host=None,
+    block_tables_host=None,
+    max_seq_len: int | None = None,
     _tile_rows: int | None = None,
 ) -> torch.Tensor:
-    """Prefill (and mixed prefill/decode) attention over a paged KV cache; returns [T, Hq, D]."""
-    info = V.check_attention_args(q, k_cache, v_cache, block_tables, seq_lens)
-    qsl = V.check_query_start_loc(query_start_loc, q.shape[0], info["seq_lens"], q.device)
-    if not isinstance(causal, bool):
-        raise V.KernelArgumentError(f"causal must be a bool, got {causal!r}")
-    scale = V.check_attention_options(info, block_tables, scale, sliding_window, softcap, _tile_rows, validate)
+    """Prefill (and mixed prefill/decode) attention over a paged KV cache; returns [T, Hq, D].
+
+    Host metadata as in ``paged_decode``, plus ``query_start_loc_host`` (host copy of
+    ``query_start_loc``). With ``validate=False`` and ``max_seq_len`` given, index tensors without
+    a host copy are not read: the row tiles are built on the device (``build_prefill_tiles``) and
+    the kernel clamps lengths and query rows to the tensors' bounds.
+    """
+    info = V.check_attention_shapes(q, k_cache, v_cache, block_tables, seq_lens)
+    causal = V.as_bool("causal", causal)
+    scale = V.check_scale(scale, info["head_dim"])
+    softcap = V.check_softcap(softcap)
+    window = V.check_window(sliding_window, info["capacity"])
+    tile_rows = V.check_tile_rows(_tile_rows)
+    lens, _ = V.host_lengths(info, seq_lens, block_tables, seq_lens_host=seq_lens_host,
+                             block_tables_host=block_tables_host, max_seq_len=max_seq_len,
+                             validate=validate)
+    V.host_query_starts(query_start_loc, query_start_loc_host, num_tokens=q.shape[0],
+                        num_seqs=info["num_seqs"], lens=lens, device=q.device,
+                        read=not V.reads_nothing(validate, max_seq_len))
 
     num_tokens, num_q_heads, head_dim = q.shape
     group = num_q_heads // info["num_kv_heads"]
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
-    if num_tokens == 0:
+    if num_tokens == 0 or info["num_seqs"] == 0:
         return out
     on_gpu = q.device.type == "cuda"
-    block_m, block_n, block_d = tile_sizes(head_dim, group, decode=False, tile_rows=_tile_rows, on_gpu=on_gpu)
-    tile_seq, tile_row = build_tiles(qsl, group, block_m, q.device)
+    block_m, block_n, block_d = tile_sizes(head_dim, group, decode=False, tile_rows=tile_rows, on_gpu=on_gpu)
+    tiles = build_prefill_tiles(query_start_loc, num_tokens, group, block_m)
     launch_attention(
-        q, k_cache, v_cache, out, None, block_tables, seq_lens, query_start_loc, tile_seq, tile_row,
-        scale=scale, softcap=softcap, window=sliding_window, causal=causal, group=group, num_splits=1,
+        q, k_cache, v_cache, out, None, block_tables, seq_lens, query_start_loc, tiles,
+        scale=scale, softcap=softcap, window=window, causal=causal, group=group, num_splits=1,
         block_m=block_m, block_n=block_n, block_d=block_d,
     )
     return out
