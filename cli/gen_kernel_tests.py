@@ -1,11 +1,12 @@
-"""`pagedkv gen-kernel-tests`: kernel cases from real allocation histories, and a pytest module that
-replays them on the device at hand."""
+"""`pagedkv gen-kernel-tests`: kernel cases from real allocation histories and the designed grids, and a
+pytest module that replays them on the device at hand against a kernel target."""
 
 import pathlib
 
 import click
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
+GRIDS = ("ci", "dev", "deep", "none")
 
 
 def _heads(text: str):
@@ -15,7 +16,20 @@ def _heads(text: str):
         num_kv_heads, group, head_dim = (int(part) for part in text.split(","))
     except ValueError:
         raise click.BadParameter("give num_kv_heads,group,head_dim, e.g. 1,3,16") from None
+    if min(num_kv_heads, group, head_dim) < 1:
+        raise click.BadParameter("num_kv_heads, group and head_dim must be >= 1")
     return Heads(num_kv_heads, group, head_dim)
+
+
+def _target(kernel):
+    from pagedkv.fuzz.kernel_kit import KernelTargetError, load_kernel
+
+    if kernel is None:
+        return None
+    try:
+        return load_kernel(kernel)
+    except KernelTargetError as error:
+        raise click.BadParameter(str(error), param_hint="--kernel") from None
 
 
 @click.command("gen-kernel-tests")
@@ -28,35 +42,51 @@ def _heads(text: str):
               help="Most prompt tokens after the shared prefix.")
 @click.option("--heads", default="1,3,16", show_default=True, help="num_kv_heads,group,head_dim.")
 @click.option("--dtype", "dtypes", multiple=True, default=("float32",), show_default=True,
-              type=click.Choice(DTYPE_NAMES), help="Replay in this dtype (repeatable); bfloat16 replays on CUDA only.")
+              type=click.Choice(DTYPE_NAMES), help="Replay in this dtype (repeatable); a kernel that does not "
+                                                   "declare a dtype (bfloat16 off CUDA) skips it.")
+@click.option("--grid", default="ci", show_default=True, type=click.Choice(GRIDS),
+              help="Also write grid.jsonl: the multi-tile grid at this size and the ports of peers' test grids.")
+@click.option("--kernel", metavar="MODULE:FACTORY",
+              help="The kernel the replay module tests unless PAGEDKV_KERNEL names another (recorded in "
+                   "replay.json); with --check-kernels, also the kernel the state machine runs.")
 @click.option("--check-kernels/--no-check-kernels", default=False, show_default=True,
               help="Also run the kernels while generating (slow under the interpreter).")
 @click.option("--save-failures", type=click.Path(dir_okay=False), envvar="PAGEDKV_KERNEL_FAILURES",
               help="Failure corpus: shrunk failures are appended to it, and its cases are replayed too "
                    "[env: PAGEDKV_KERNEL_FAILURES].")
-def gen_kernel_tests(out_dir, count, seed, max_blocks, max_block_size, max_prompt, heads, dtypes, check_kernels,
-                     save_failures):
-    """Run the kernel state machine, keep COUNT of the batches it checked as cases (corpus.jsonl),
-    and write test_kernel_replay.py, which replays every *.jsonl case file in OUT."""
+def gen_kernel_tests(out_dir, count, seed, max_blocks, max_block_size, max_prompt, heads, dtypes, grid, kernel,
+                     check_kernels, save_failures):
+    """Run the kernel state machine, keep COUNT of the batches it checked as cases (corpus.jsonl), add
+    the designed grid (grid.jsonl), and write test_kernel_replay.py, which replays every *.jsonl case
+    file in OUT against $PAGEDKV_KERNEL, else --kernel, else pagedkv's own kernels."""
     from pagedkv.fuzz.kernel_corpus import read_corpus, write_corpus, write_replay_module
+    from pagedkv.fuzz.kernel_kit.grids import designed_corpus
+    from pagedkv.fuzz.kernel_kit.replay import write_folder_target
     from pagedkv.fuzz.kernel_machine import Limits, generate_cases
 
+    target = _target(kernel)
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     limits = Limits(max_blocks=max_blocks, max_block_size=max_block_size, max_prompt=max_prompt)
     failure = None
     try:
         cases = generate_cases(count, seed=seed, limits=limits, heads=_heads(heads), run_kernels=check_kernels,
-                               failures_path=save_failures)
+                               failures_path=save_failures, target=target)
     except AssertionError as error:
         cases, failure = [], error
     if cases:
         write_corpus(out / "corpus.jsonl", cases, dtypes=dtypes, seed=seed, limits=vars(limits))
+    grid_cases = designed_corpus(grid) if grid != "none" else []
+    if grid_cases:
+        write_corpus(out / "grid.jsonl", grid_cases, dtypes=dtypes, source=f"kernel_kit.grids, {grid}")
     if save_failures and pathlib.Path(save_failures).exists():
         _, failures = read_corpus(save_failures)
         write_corpus(out / "failures.jsonl", failures, dtypes=dtypes, source=str(save_failures))
+    if target is not None:
+        write_folder_target(out, target.target)
     module = write_replay_module(out)
-    click.echo(f"{len(cases)} cases -> {out / 'corpus.jsonl'}; replay: python -m pytest {module}")
+    click.echo(f"{len(cases)} cases -> {out / 'corpus.jsonl'}, {len(grid_cases)} -> {out / 'grid.jsonl'}; "
+               f"replay: python -m pytest {module}")
     if failure is not None:
         where = f"; saved to {save_failures}" if save_failures else " (pass --save-failures to keep it)"
         raise click.ClickException(f"the kernel state machine failed{where}:\n{failure}")

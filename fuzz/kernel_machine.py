@@ -5,7 +5,7 @@ CPU swap pool, NaN wherever no valid token is held) and runs a program of adds (
 prefixes, so prefix-cache hits happen), appends, forks, frees, preemptions (recompute and swap),
 resumes and batched steps, or (with `scheduled`) lets a `Scheduler` drive the manager through
 requests and engine steps. After every operation it does what an engine does: the copies the
-manager queued (`take_copies`: swap out, swap in, then copy-on-write through `copy_blocks`), NaN
+manager queued (`take_copies`, performed phase by phase in call order by `perform_copies`), NaN
 into every block that went back to the free queue, and `write_kv` of fresh K/V for the tokens the
 operation computed at the manager's `slot_mapping` (for a prefix-cache hit only the uncached ones).
 
@@ -32,7 +32,8 @@ from hypothesis.control import current_build_context
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, run_state_machine_as_test
 
 from pagedkv.impl import BlockManager, Scheduler, SchedulerConfig
-from pagedkv.kernels import copy_blocks, write_kv
+from pagedkv.impl.engine import perform_copies
+from pagedkv.kernels import write_kv
 from pagedkv.spec import PagedKVError
 
 from .kernel_corpus import (FAILURES_ENV, Heads, check_attention, kv_values, make_case, prefix_keys, queries,
@@ -92,15 +93,8 @@ class PagedCache:
         self.keys[where // self.block_size, where % self.block_size] = keys
 
     def perform(self, copies) -> None:
-        """The manager's queued copies, in the order `Copies` prescribes."""
-        for src, dst in copies.swap_out.cpu().tolist():
-            self.cpu_k[dst], self.cpu_v[dst], self.cpu_keys[dst] = self.k[src].cpu(), self.v[src].cpu(), self.keys[src]
-        for src, dst in copies.swap_in.cpu().tolist():
-            self.k[dst], self.v[dst], self.keys[dst] = self.cpu_k[src].to(DEVICE), self.cpu_v[src].to(DEVICE), self.cpu_keys[src]
-        if len(copies.cow):
-            copy_blocks(self.k, self.v, copies.cow.to(DEVICE))
-            src, dst = copies.cow.cpu().numpy().T
-            self.keys[dst] = self.keys[src]
+        """The manager's queued copies, phase by phase in call order (the engine's own helper)."""
+        perform_copies(copies, [(self.k, self.v)], [(self.cpu_k, self.cpu_v)], shadows=[(self.keys, self.cpu_keys)])
 
     def poison(self, blocks: list, cpu_blocks: list) -> None:
         self.k[blocks] = self.v[blocks] = float("nan")
@@ -445,7 +439,7 @@ def run_kernel_state_check(profile: str, kernel: str | None = None) -> dict:
 
 
 def generate_cases(count: int, *, seed: int, limits: Limits = Limits(), heads: Heads = HEADS,
-                   run_kernels: bool = False, failures_path=None) -> list:
+                   run_kernels: bool = False, failures_path=None, target=None) -> list:
     """`count` cases sampled uniformly (seeded) from every batch the machine checks in two runs (by
     hand and scheduled) seeded by `seed`, together long enough to see about four times that many."""
     rng, seen, cases = random.Random(seed), [0], []
@@ -462,5 +456,6 @@ def generate_cases(count: int, *, seed: int, limits: Limits = Limits(), heads: H
                             database=None)
     for scheduled in (False, True):
         run_kernel_machine("dev", failures_path=failures_path, seed=seed, settings=settings, scheduled=scheduled,
-                           limits=limits, heads=heads, run_kernels=run_kernels, record=staticmethod(record))
+                           limits=limits, heads=heads, run_kernels=run_kernels, record=staticmethod(record),
+                           target=target)
     return cases

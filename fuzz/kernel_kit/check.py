@@ -51,8 +51,9 @@ def planned_runs(profile: str, device: str) -> list[tuple[dict, str]]:
 def _summary(loaded: LoadedKernel, counts: Counter, kinds: Counter, reasons: Counter, device: str) -> str:
     skipped = f" ({'; '.join(f'{n} {why}' for why, n in reasons.most_common(3))})" if reasons else ""
     where = f"{device}{' (Triton interpreter)' if device == 'cpu' else ''}"
-    return (f"{loaded.target}: {sum(counts.values())} cases ({kinds['decode']} decode, {kinds['prefill']} prefill) "
-            f"on {where}: {counts['passed']} passed, {counts['skipped']} skipped{skipped}, {counts['failed']} failed")
+    return (f"{counts['passed']} passed, {counts['skipped']} skipped{skipped}, {counts['failed']} failed of "
+            f"{sum(counts.values())} cases ({kinds['decode']} decode, {kinds['prefill']} prefill) against "
+            f"{loaded.target} on {where}")
 
 
 def run_kernel_check(profile: str, kernel: str | None = None) -> dict:

@@ -17,10 +17,11 @@ when the sequence fits in one tile: short corpora (every sequence within one til
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from pagedkv.kernels.validation import is_interpreter
+from pagedkv.kernels.validation import is_interpreter  # first: it selects Triton's interpreter without CUDA
+
+import triton  # noqa: E402  (Triton reads TRITON_INTERPRET when it is imported)
+import triton.language as tl  # noqa: E402
 
 TILE = 16
 

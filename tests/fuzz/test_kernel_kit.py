@@ -1,0 +1,225 @@
+"""The kernel conformance kit: targets load or are refused with a reason, the layout adapters hold
+the canonical batch's data, cases outside a kernel's declarations are skipped (never failed), and a
+kernel with the planted tile-offset bug fails both `pagedkv check --kernel` and the replay of a
+default `gen-kernel-tests` corpus, with per-sequence reports and a saved case that replays red."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+from click.testing import CliRunner
+from hypothesis import given, settings, strategies as st
+
+from pagedkv.cli.main import main
+from pagedkv.fuzz.kernel_corpus import Heads, build_batch, read_corpus, run_case
+from pagedkv.fuzz.kernel_kit import KernelTargetError, load_kernel
+from pagedkv.fuzz.kernel_kit import check as kit_check
+from pagedkv.fuzz.kernel_kit import layouts
+from pagedkv.fuzz.kernel_kit.grids import SMALL, slots_case
+from pagedkv.fuzz.kernel_kit.replay import main as replay_main
+from pagedkv.fuzz.kernel_machine import run_kernel_machine
+from pagedkv.kernels import gather_kv
+
+MINIMAL = "pagedkv.fuzz.kernel_kit.minimal:factory"
+PLANTED = "pagedkv.fuzz.kernel_kit.minimal:tile_offset_bug"
+
+
+# ------------------------------------------------------------------ targets
+
+class Declares:
+    """A kernel object built from keyword attributes (decode returns zeros)."""
+
+    def __init__(self, **attributes):
+        self.__dict__.update(attributes)
+
+    def decode(self, q, *args, **options):
+        return torch.zeros_like(q)
+
+
+@pytest.mark.parametrize("attributes, reason", [
+    ({"capabilities": {"paged"}}, "unknown capabilities"),
+    ({"capabilities": "prefill"}, "capabilities must be a set"),
+    ({"capabilities": {"prefill"}}, "no callable prefill"),
+    ({"block_sizes": [16, 0]}, "positive ints"),
+    ({"block_sizes": 16}, "collection of ints"),
+    ({"dtypes": ["float8"]}, "not one of"),
+    ({"max_group": 0}, "max_group"),
+    ({"tile_size": -3}, "tile_size"),
+])
+def test_a_kernel_breaking_the_protocol_is_refused_with_the_reason(attributes, reason, monkeypatch):
+    module = type(sys)("user_kernel_under_test")
+    module.factory = lambda: Declares(**attributes)
+    monkeypatch.setitem(sys.modules, "user_kernel_under_test", module)
+    with pytest.raises(KernelTargetError, match=reason):
+        load_kernel("user_kernel_under_test:factory")
+
+
+@pytest.mark.parametrize("target, reason", [
+    ("no_colon", "bad kernel target"),
+    ("pagedkv_no_such_module:factory", "cannot import"),
+    ("pagedkv.fuzz.kernel_kit.minimal:nope", "no attribute"),
+    ("pagedkv.fuzz.kernel_kit.minimal:TILE", "not a factory"),
+])
+def test_unloadable_targets_are_refused(target, reason):
+    with pytest.raises(KernelTargetError, match=reason):
+        load_kernel(target)
+
+
+def test_a_module_in_the_working_directory_loads_but_never_shadows_an_installed_one(tmp_path, monkeypatch):
+    (tmp_path / "my_cwd_kernel.py").write_text("from pagedkv.fuzz.kernel_kit.minimal import factory\n")
+    (tmp_path / "json.py").write_text("raise RuntimeError('shadowed the standard library')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    assert load_kernel("my_cwd_kernel:factory").declared.tile_size == 16
+    assert sys.path[-1] == str(tmp_path)
+    import importlib
+
+    assert importlib.import_module("json").loads("1") == 1
+
+
+def test_the_environment_names_the_default_target(monkeypatch):
+    monkeypatch.setenv("PAGEDKV_KERNEL", MINIMAL)
+    assert load_kernel().target == MINIMAL
+
+
+# ------------------------------------------------------------------ layouts
+
+batches = st.builds(
+    lambda block_size, lengths, seed: slots_case("decode", block_size=block_size, heads=Heads(2, 2, 8),
+                                                 lengths=lengths, seed=seed, share=1, repeat_in_row=True),
+    st.integers(1, 9), st.lists(st.integers(0, 40), min_size=1, max_size=4), st.integers(0, 1000))
+
+
+@settings(max_examples=25, deadline=None)
+@given(batches)
+def test_token_and_flashinfer_layouts_name_exactly_each_sequences_tokens(case):
+    batch, _ = build_batch(case, "cpu", torch.float32)
+    b = batch.block_size
+    indptr, indices = layouts.token_slots(batch.block_tables, batch.seq_lens, b)
+    tokens = layouts.token_cache(batch.k_cache)
+    pages_ptr, pages, last = layouts.flashinfer_pages(batch.block_tables, batch.seq_lens, b)
+    for i, n in enumerate(batch.seq_lens.tolist()):
+        k, _ = gather_kv(batch.k_cache, batch.v_cache, batch.block_tables[i], n)
+        assert torch.equal(tokens[indices[indptr[i]:indptr[i + 1]]], k)
+        mine = pages[pages_ptr[i]:pages_ptr[i + 1]]
+        assert len(mine) == -(-n // b) and (n == 0 or 1 <= last[i] <= b)
+        flat = batch.k_cache[mine.long()].flatten(0, 1)          # whole pages, then the last one cut
+        assert torch.equal(flat[: len(flat) - b + int(last[i])] if n else flat, k)
+
+
+@settings(max_examples=10, deadline=None)
+@given(batches)
+def test_hnd_and_combined_caches_hold_the_same_data_and_poison(case):
+    batch, _ = build_batch(case, "cpu", torch.float32)
+    hnd = layouts.to_hnd(batch.k_cache)
+    assert hnd.is_contiguous() and torch.equal(hnd.permute(0, 2, 1, 3).isnan(), batch.k_cache.isnan())
+    assert torch.allclose(hnd.permute(0, 2, 1, 3), batch.k_cache, equal_nan=True)
+    kv, k_view, v_view = layouts.combined_cache(batch.k_cache, batch.v_cache)
+    assert kv.shape[1] == 2 and k_view.stride(0) == 2 * batch.k_cache[0].numel()
+    assert torch.allclose(k_view, batch.k_cache, equal_nan=True) and torch.allclose(v_view, batch.v_cache,
+                                                                                    equal_nan=True)
+
+
+def test_a_strided_kernel_gives_the_same_answer_on_the_vllm_and_fused_qkv_layouts():
+    """The adapters' strided views are what engines pass: the minimal kernel, which honours strides,
+    must give bit-identical output on them, and the fused q's neighbours are NaN."""
+    case = slots_case("decode", block_size=5, heads=Heads(2, 3, 16), lengths=[9, 40, 3], seed=4)
+    batch, _ = build_batch(case, "cpu", torch.float32)
+    kernel = load_kernel(MINIMAL).kernel
+    options = dict(scale=batch.scale, sliding_window=None, softcap=None)
+    expected = kernel.decode(batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, **options)
+    _, k_view, v_view = layouts.combined_cache(batch.k_cache, batch.v_cache)
+    q_view = layouts.fused_qkv(batch.q, num_kv_heads=2)
+    assert q_view.stride(0) == (6 + 2 * 2) * 16 and torch.equal(q_view, batch.q)
+    assert q_view.as_strided((len(batch.q), 4 * 16), (q_view.stride(0), 1), 6 * 16).isnan().all()
+    got = kernel.decode(q_view, k_view, v_view, batch.block_tables, batch.seq_lens, **options)
+    assert torch.equal(got, expected) and torch.isfinite(got).all()
+
+
+# ------------------------------------------------------------------ declarations
+
+def test_a_kernel_without_empty_rows_is_skipped_not_failed_on_length_zero_rows():
+    minimal = load_kernel(MINIMAL)
+    with_empty = slots_case("decode", block_size=4, heads=SMALL, lengths=[0, 9], seed=3)
+    batch, _ = build_batch(with_empty, "cpu", torch.float32)
+    raw = minimal.kernel.decode(batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
+                                scale=batch.scale, sliding_window=None, softcap=None)
+    assert raw[0].isnan().all(), "the minimal kernel should be NaN on an empty row (it declares no empty_rows)"
+    outcome = run_case(with_empty, minimal, "cpu", torch.float32)
+    assert outcome.status == "skipped" and "empty_rows" in outcome.detail
+    assert run_case(with_empty, load_kernel("pagedkv"), "cpu", torch.float32).status == "passed"
+    without = slots_case("decode", block_size=4, heads=SMALL, lengths=[5, 9], seed=3)
+    assert run_case(without, minimal, "cpu", torch.float32).status == "passed"
+
+
+def test_undeclared_block_size_dtype_group_and_features_are_skipped(monkeypatch):
+    module = type(sys)("narrow_kernel")
+    module.factory = lambda: Declares(block_sizes={16}, head_dims={16}, dtypes={"float16"}, max_group=2)
+    monkeypatch.setitem(sys.modules, "narrow_kernel", module)
+    narrow = load_kernel("narrow_kernel:factory")
+    base = dict(block_size=16, heads=Heads(1, 2, 16), lengths=[5], seed=1)
+    reasons = {
+        "block size 8": dict(base, block_size=8), "head dim 32": dict(base, heads=Heads(1, 2, 32)),
+        "group 3": dict(base, heads=Heads(1, 3, 16)), "softcap": dict(base, options={"softcap": 5.0}),
+    }
+    for reason, spec in reasons.items():
+        outcome = run_case(slots_case("decode", **spec), narrow, "cpu", torch.float16)
+        assert outcome.status == "skipped" and reason in outcome.detail, (reason, outcome.detail)
+    assert "dtype float32" in run_case(slots_case("decode", **base), narrow, "cpu", torch.float32).detail
+    # within every declaration it runs, and its zeros are wrong: declared means tested
+    assert run_case(slots_case("decode", **base), narrow, "cpu", torch.float16).status == "failed"
+
+
+def test_a_check_that_runs_nothing_fails(monkeypatch):
+    module = type(sys)("block7_kernel")
+    module.factory = lambda: Declares(block_sizes={7})
+    monkeypatch.setitem(sys.modules, "block7_kernel", module)
+    monkeypatch.setitem(kit_check.PROFILES, "tiny", dict(grid="ci", random=0, long=8, seed=1, all_dtypes=False))
+    result = kit_check.run_kernel_check("tiny", kernel="block7_kernel:factory")
+    assert not result["passed"] and "nothing was checked" in result["detail"]
+    assert result["covered"].startswith("0 passed, ")
+
+
+# ------------------------------------------------------------------ the planted tile-offset bug
+
+def test_check_with_the_planted_kernel_fails_with_per_sequence_reports_and_a_replayable_case(tmp_path,
+                                                                                               monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PAGEDKV_KERNEL_FAILURES", raising=False)
+    result = CliRunner().invoke(main, ["check", "--only", "kernels", "--kernel", PLANTED, "--json", "r.json"])
+    assert result.exit_code == 1, result.output
+    row = json.loads((tmp_path / "r.json").read_text())["checks"][0]
+    assert not row["passed"] and " 0 failed" not in row["covered"]
+    assert "key tile 16" in row["detail"] and "of 3 slots" in row["detail"] and "blocks [" in row["detail"]
+    assert "max err" in row["detail"] and "NaN/inf at query positions" in row["detail"]
+    saved = tmp_path / "kernel-failures" / "pagedkv.fuzz.kernel_kit.minimal_tile_offset_bug.jsonl"
+    _, cases = read_corpus(saved)
+    assert cases and all(c["kernel"] == "decode" for c in cases)
+    assert replay_main([str(saved), "--kernel", PLANTED, "--failures", str(tmp_path / "again.jsonl")]) == 1
+    assert replay_main([str(saved), "--kernel", MINIMAL]) == 0     # the same cases, the bug fixed
+
+
+def test_the_default_corpus_replay_fails_the_planted_kernel_and_passes_pagedkv(tmp_path):
+    result = CliRunner().invoke(main, ["gen-kernel-tests", "--out", str(tmp_path), "--count", "2", "--seed", "3",
+                                       "--kernel", PLANTED])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "replay.json").read_text()) == {"kernel": PLANTED}
+    env = {key: value for key, value in os.environ.items() if key not in ("PAGEDKV_KERNEL", "PAGEDKV_KERNEL_FAILURES")}
+    red = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_kernel_replay.py"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert red.returncode == 1 and " failed" in red.stdout and "grid:" in red.stdout, red.stdout[-3000:]
+    assert "key tile 16" in red.stdout and "skipped" in red.stdout
+    assert list((tmp_path / "kernel-failures").glob("*.jsonl")), "the failing cases were not saved"
+
+
+def test_the_kernel_state_machine_runs_a_target_and_skips_what_it_does_not_declare():
+    from hypothesis import HealthCheck, Phase
+
+    quick = settings(max_examples=3, stateful_step_count=8, deadline=None, database=None, derandomize=True,
+                     phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    tally = run_kernel_machine("ci", settings=quick, target=load_kernel(MINIMAL))
+    assert tally["decode_checks"] > 0 and tally["skipped_checks"] > 0 and tally["prefill_checks"] == 0
