@@ -112,6 +112,7 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping, *, slot_mapping_host=No
         slots = V.host_ints("slot_mapping_host", slot_mapping_host, (num_tokens,))
     else:
         slots = V.read_to_host(slot_mapping)
+    slots = slots.to(torch.int64)
     capacity = num_blocks * block_size
     _check_slots(slots, capacity)
     if num_tokens == 0:
@@ -158,6 +159,7 @@ def copy_blocks(k_cache, v_cache, pairs, *, pairs_host=None) -> None:
         host = V.host_ints("pairs_host", pairs_host, tuple(pairs.shape))
     else:
         host = V.read_to_host(pairs)
+    host = host.to(torch.int64)
     _check_pairs(host, num_blocks)
     if host.shape[0] == 0:
         return

@@ -321,8 +321,9 @@ def check_attention_shapes(q, k_cache, v_cache, block_tables, seq_lens) -> dict:
 # ---- host copies of index tensors -------------------------------------------------------------------
 
 def host_ints(name: str, value, shape: tuple[int, ...]) -> torch.Tensor:
-    """A caller's host copy of an index tensor as an int64 CPU tensor of ``shape``: a CPU tensor of
-    an integer dtype, or a (nested) sequence / numpy array of ints."""
+    """A caller's host copy of an index tensor as a CPU integer tensor of ``shape`` (its own dtype:
+    compare it only with bounds that dtype holds, or convert it): a CPU tensor of an integer
+    dtype, or a (nested) sequence / numpy array of ints."""
     if isinstance(value, torch.Tensor):
         if value.device.type != "cpu":
             _fail(f"{name} must be a host (CPU) copy, got a tensor on {value.device}")
@@ -336,12 +337,12 @@ def host_ints(name: str, value, shape: tuple[int, ...]) -> torch.Tensor:
         _fail(f"{name} must hold integers, got dtype {t.dtype}")
     if tuple(t.shape) != tuple(shape):
         _fail(f"{name} has shape {tuple(t.shape)} but the device tensor has {tuple(shape)}")
-    return t.to(torch.int64)
+    return t
 
 
 def read_to_host(t: torch.Tensor) -> torch.Tensor:
     """The one place a device index tensor is copied to the host (a sync on a GPU)."""
-    return t.cpu().to(torch.int64)
+    return t.cpu()
 
 
 def _first(mask: torch.Tensor) -> tuple[int, ...]:
@@ -371,13 +372,16 @@ def check_max_seq_len(max_seq_len, capacity: int, lens: torch.Tensor | None) -> 
 
 
 def check_block_ids(table: torch.Tensor, lens: torch.Tensor, block_size: int, num_blocks: int) -> None:
-    """Every block a sequence actually reads (the first ceil(len / B) of its row) is in range."""
+    """Every block a sequence actually reads (the first ceil(len / B) of its row) is in range.
+    ``lens`` int64; ``table`` in its own integer dtype (not widened: it is the large one)."""
     if lens.numel() == 0:
         return
     used = (lens + block_size - 1) // block_size
     cols = torch.arange(table.shape[1], dtype=torch.int64)
-    in_use = cols[None, :] < used[:, None]
-    bad = in_use & ((table < 0) | (table >= num_blocks))
+    bad = table.lt(0)
+    if num_blocks <= torch.iinfo(table.dtype).max:  # a larger bound would wrap in the comparison
+        bad.logical_or_(table.ge(num_blocks))
+    bad.logical_and_(cols[None, :] < used[:, None])
     if bool(bad.any()):
         s, j = _first(bad)
         _fail(
@@ -420,11 +424,11 @@ def host_lengths(info: dict, seq_lens, block_tables, *, seq_lens_host, block_tab
     validate = as_bool("validate", validate)
     capacity, block_size = info["capacity"], info["block_size"]
     if seq_lens_host is not None:
-        lens = host_ints("seq_lens_host", seq_lens_host, (info["num_seqs"],))
+        lens = host_ints("seq_lens_host", seq_lens_host, (info["num_seqs"],)).to(torch.int64)
     elif reads_nothing(validate, max_seq_len):
         lens = None
     else:
-        lens = read_to_host(seq_lens)
+        lens = read_to_host(seq_lens).to(torch.int64)
     if lens is not None:
         check_lengths(lens, capacity, block_size)
     longest = check_max_seq_len(max_seq_len, capacity, lens)
@@ -452,4 +456,4 @@ def host_query_starts(query_start_loc, query_start_loc_host, *, num_tokens: int,
         qsl = read_to_host(query_start_loc)
     else:
         return
-    check_query_start_loc(qsl, num_tokens, lens)
+    check_query_start_loc(qsl.to(torch.int64), num_tokens, lens)
