@@ -73,7 +73,7 @@ def _read_json(path: str, fail):
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
-        fail(f"line {line}: not UTF-8 text (byte {e.start})")
+        fail(f"line {line}: not UTF-8 text (byte {e.start + 1} of the file)")
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:

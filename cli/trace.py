@@ -54,9 +54,35 @@ def synth(out, num_requests, seed, rate, prompt_dist, prompt_mean, output_dist, 
             prefix_len=prefix_len, sample_prob=sample_prob, num_samples=num_samples)
     except tr.TraceError as e:
         raise click.UsageError(str(e)) from e
-    requests = tr.synthesize(cfg)
-    tr.write_trace(out, requests)
-    click.echo(f"wrote {len(requests)} requests to {out}", err=out == "-")
+    from pagedkv.cli.progress import Step, StepProgress
+
+    written = Step(f"{num_requests:,} requests to {out}", total=num_requests)
+    with StepProgress("trace synth", {"write": written}, announce=False, verdicts=False) as progress:
+        progress.begin("write")
+
+        def counted(chunks):
+            for chunk in chunks:
+                yield from chunk
+                progress.advance("write", count=len(chunk))
+
+        count = tr.write_trace(out, counted(tr.synthesize_chunks(cfg)))
+    for note in synth_no_effect(prompt_dist, output_dist, sigma, prefix_fraction, prefix_len, sample_prob):
+        click.echo(f"note: {note}", err=True)
+    click.echo(f"wrote {count} requests to {out}", err=out == "-")
+
+
+def synth_no_effect(prompt_dist, output_dist, sigma, prefix_fraction, prefix_len, sample_prob) -> list:
+    """Settings that cannot have changed the trace (each names the setting that would make it count)."""
+    notes = []
+    if prefix_fraction > 0 and prefix_len == 0:
+        notes.append("--prefix-fraction had no effect: --prefix-len is 0, so no request shares a token")
+    if prefix_len > 0 and prefix_fraction == 0:
+        notes.append("--prefix-len had no effect: --prefix-fraction is 0, so no request joins a group")
+    if sample_prob == 0 and click.get_current_context().get_parameter_source("num_samples").name != "DEFAULT":
+        notes.append("--num-samples had no effect: --sample-prob is 0")
+    if sigma != 0.5 and "lognormal" not in (prompt_dist, output_dist):
+        notes.append("--sigma had no effect: it spreads lognormal lengths only")
+    return notes
 
 
 @trace.command()

@@ -46,9 +46,11 @@ from .trace import Request
 ALLOCATORS = ("contiguous", "paged")
 # Token id spaces (ids fit in int64; positions stay below 2**24): request r owns [(r+1) * 2**32,
 # (r+2) * 2**32) -- its prompt at offset 0, sample k's outputs at offset (k+1) * 2**24 -- and the
-# shared prefix of group g starts at 2**62 + g * 2**24.
+# shared prefix of the g-th distinct group (numbered in order of first appearance, whatever ids the
+# trace uses) starts at 2**62 + g * 2**24. Both spaces hold 2**30 - 1 requests or groups.
 _REQUEST_SPACE, _POSITIONS, _GROUP_SPACE = 1 << 32, 1 << 24, 1 << 62
-TIMELINE = ("time", "dt", "useful", "reserved", "sequences", "waiting", "table_blocks", "table_max")
+MAX_REQUESTS = 2**30 - 1
+TIMELINE = ("time", "dt", "useful", "reserved", "sequences", "waiting", "table_blocks", "table_max", "preempted")
 
 
 @dataclass(frozen=True)
@@ -91,10 +93,13 @@ class SimConfig:
         return self.num_blocks * self.block_size
 
 
-def prompt_tokens(request_id: int, request: Request) -> list:
-    """Token ids: the group's shared prefix, then ids no other request uses."""
+def prompt_tokens(request_id: int, request: Request, group: int = None) -> list:
+    """Token ids: the group's shared prefix, then ids no other request uses. `group` numbers the
+    request's prefix group densely (0, 1, ... in order of appearance); without it, the trace's own id
+    is used, which must then be below 2**30."""
     shared = request.prefix_len if request.prefix_group is not None else 0
-    prefix = [_GROUP_SPACE + request.prefix_group * _POSITIONS + i for i in range(shared)]
+    group = request.prefix_group if group is None else group
+    prefix = [_GROUP_SPACE + group * _POSITIONS + i for i in range(shared)]
     unique = (request_id + 1) * _REQUEST_SPACE
     return prefix + list(range(unique + shared, unique + request.prompt_len))
 
@@ -122,6 +127,7 @@ class StepOutcome:
     swap_blocks: int = 0
     emitted: list = field(default_factory=list)     # (request_id, sample): one token each
     occupancy: Occupancy = None
+    preempted: int = 0                              # sequences preempted (recompute or swap)
 
     @property
     def progressed(self) -> bool:
@@ -135,15 +141,18 @@ class _Backend:
 
     def __init__(self, cfg: SimConfig):
         self.cfg = cfg
-        self.rejected = 0
+        self.rejected_too_long = 0       # prompt + output > max_seq_len
+        self.rejected_too_large = 0      # more than the whole pool holds, even alone
         self.oom_events = 0
         self.delayed: set = set()
 
     def submit(self, request_id: int, request: Request) -> None:
         """Queue a request, or reject it for good: longer than max_seq_len, or too big for the pool
         even alone (it would wait, or be preempted and resumed, forever)."""
-        if request.prompt_len + request.output_len > self.cfg.max_seq_len or not self._fits_alone(request):
-            self.rejected += 1
+        if request.prompt_len + request.output_len > self.cfg.max_seq_len:
+            self.rejected_too_long += 1
+        elif not self._fits_alone(request):
+            self.rejected_too_large += 1
         else:
             self._enqueue(request_id, request)
 
@@ -152,7 +161,9 @@ class _Backend:
         self.delayed.update(waiting_ids)
 
     def summary(self) -> dict:
-        return {"rejected": self.rejected, "oom_events": self.oom_events, "admissions_delayed": len(self.delayed)}
+        return {"rejected": self.rejected_too_long + self.rejected_too_large,
+                "rejected_too_long": self.rejected_too_long, "rejected_too_large": self.rejected_too_large,
+                "oom_events": self.oom_events, "admissions_delayed": len(self.delayed)}
 
 
 # ------------------------------------------------------------------------- contiguous backend
@@ -231,6 +242,7 @@ class PagedBackend(_Backend):
             swap_bytes_per_s=cfg.cost.swap_bytes_per_s, kv_bytes_per_token=cfg.bytes_per_token))
         self.sample_of: dict = {}         # seq id -> (request_id, sample)
         self.generated: dict = {}         # seq id -> tokens sampled
+        self.groups: dict = {}            # the trace's prefix group id -> dense number (prompt_tokens)
 
     @property
     def waiting(self):
@@ -240,7 +252,9 @@ class PagedBackend(_Backend):
         return self.scheduler.can_ever_fit(request.prompt_len, request.output_len)
 
     def _enqueue(self, request_id: int, request: Request) -> None:
-        seq_ids = self.scheduler.add_request(request_id, prompt_tokens(request_id, request),
+        group = None if request.prefix_group is None else self.groups.setdefault(request.prefix_group,
+                                                                                   len(self.groups))
+        seq_ids = self.scheduler.add_request(request_id, prompt_tokens(request_id, request, group),
                                              request.output_len, n=request.num_samples)
         for sample, seq_id in enumerate(seq_ids):
             self.sample_of[seq_id], self.generated[seq_id] = (request_id, sample), 0
@@ -257,7 +271,8 @@ class PagedBackend(_Backend):
         step = StepOutcome(prefill_tokens=sum(p.num_computed_tokens for p in out.prefills),
                            decode_seqs=len(out.decodes),
                            swap_blocks=len(out.copies.swap_out) + len(out.copies.swap_in),
-                           emitted=[self.sample_of[s] for s in ran], occupancy=self._occupancy())
+                           emitted=[self.sample_of[s] for s in ran], occupancy=self._occupancy(),
+                           preempted=len(out.preempted) + len(out.swapped_out))
         tokens = {}
         for seq_id in ran:
             tokens[seq_id] = output_token(*self.sample_of[seq_id], self.generated[seq_id])
@@ -276,11 +291,12 @@ class PagedBackend(_Backend):
         B = self.cfg.block_size
         held = tables >= 0
         fill = np.clip(lens[:, None] - B * np.arange(tables.shape[1])[None, :], 0, B)
-        per_block = np.zeros(self.cfg.num_blocks, dtype=np.int64)
-        np.maximum.at(per_block, tables[held], fill[held])
-        blocks = np.unique(tables[held])
+        # Per distinct block held (not per block of the pool: pools run to millions of blocks).
+        blocks, which = np.unique(tables[held], return_inverse=True)
+        per_block = np.zeros(len(blocks), dtype=np.int64)
+        np.maximum.at(per_block, which, fill[held])
         counts = held.sum(axis=1)
-        return Occupancy(int(per_block[blocks].sum()), len(blocks) * B, len(seq_ids),
+        return Occupancy(int(per_block.sum()), len(blocks) * B, len(seq_ids),
                          int(counts.sum()), int(counts.max()))
 
     def summary(self) -> dict:
@@ -347,6 +363,8 @@ class SimResult:
 
 
 def simulate(requests: list, cfg: SimConfig) -> SimResult:
+    if len(requests) > MAX_REQUESTS:
+        raise ValueError(f"the simulator numbers at most {MAX_REQUESTS:,} requests, got {len(requests):,}")
     backend = make_backend(cfg)
     arrivals = deque(enumerate(requests))
     columns = {name: [] for name in TIMELINE}
@@ -368,7 +386,7 @@ def simulate(requests: list, cfg: SimConfig) -> SimResult:
                                    out.swap_blocks * cfg.block_size * cfg.bytes_per_token)
         occ = out.occupancy
         for name, value in zip(TIMELINE, (clock, dt, occ.useful, occ.reserved, occ.sequences, len(backend.waiting),
-                                          occ.table_blocks, occ.table_max)):
+                                          occ.table_blocks, occ.table_max, out.preempted)):
             columns[name].append(value)
         clock += dt
         for key in out.emitted:

@@ -5,19 +5,28 @@ One JSON object per line, sorted by arrival:
     {"arrival": 0.42, "prompt_len": 450, "output_len": 120, "prefix_group": 3, "prefix_len": 64, "num_samples": 1}
 
 - `arrival`: seconds since the trace starts (>= 0, non-decreasing down the file);
-- `prompt_len`, `output_len`: tokens (>= 1); `num_samples`: parallel samples sharing the prompt (>= 1);
-- `prefix_group`: requests with the same group id (an int >= 0) begin with the same tokens, or null;
+- `prompt_len`, `output_len`: tokens (1..2**24); `num_samples`: parallel samples sharing the prompt
+  (1..1024);
+- `prefix_group`: requests with the same group id (an int in 0..2**63-1) begin with the same tokens,
+  or null;
 - `prefix_len`: how many leading prompt tokens come from the group (0..prompt_len); optional,
   0 when absent, and must be 0 without a group.
-The default synthesizer follows the seed scenario: prompts averaging 450 tokens, outputs averaging
-120, prompt + output <= max_seq_len 2048.
+The default synthesizer's lengths (prompts averaging 450 tokens, outputs 120, prompt + output <=
+max_seq_len 2048) are the workload of the README's utilization figures.
+
+Errors name the file, the line and the field. Synthesis and writing stream in chunks, so a trace of
+millions of requests never sits in memory.
 """
 import json
 import math
-from dataclasses import asdict, dataclass
-from pathlib import Path
+import sys
+from dataclasses import dataclass
 
 FIELDS = ("arrival", "prompt_len", "output_len", "prefix_group", "prefix_len", "num_samples")
+MAX_TOKENS = 2**24          # token positions the simulator numbers per sequence
+MAX_SAMPLES = 1024
+MAX_GROUP = 2**63 - 1       # group ids are int64 in every tool that reads traces
+CHUNK = 65_536              # requests synthesized and written at a time
 DISTRIBUTIONS = ("lognormal", "uniform", "fixed")
 
 
@@ -42,27 +51,45 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _shown(value) -> str:
+    """A bad value as the message shows it: a 5000-digit integer is not worth printing whole."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+
+
 def _check_request(r: Request):
-    if isinstance(r.arrival, bool) or not isinstance(r.arrival, (int, float)) \
-            or not math.isfinite(r.arrival) or r.arrival < 0:
-        raise TraceError(f"arrival must be a finite number of seconds >= 0, got {r.arrival!r}")
-    for name in ("prompt_len", "output_len", "num_samples"):
+    arrival = r.arrival
+    if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not (
+            -1 < arrival < 1e300 and math.isfinite(arrival) and arrival >= 0):
+        raise TraceError(f"field 'arrival' must be a finite number of seconds >= 0, got {_shown(arrival)}")
+    for name, most in (("prompt_len", MAX_TOKENS), ("output_len", MAX_TOKENS), ("num_samples", MAX_SAMPLES)):
         value = getattr(r, name)
-        if not _is_int(value) or value < 1:
-            raise TraceError(f"{name} must be an integer >= 1, got {value!r}")
-    if r.prefix_group is not None and (not _is_int(r.prefix_group) or r.prefix_group < 0):
-        raise TraceError(f"prefix_group must be null or an integer >= 0, got {r.prefix_group!r}")
+        if not _is_int(value) or not 1 <= value <= most:
+            raise TraceError(f"field '{name}' must be an integer in 1..{most}, got {_shown(value)}")
+    if r.prefix_group is not None and (not _is_int(r.prefix_group) or not 0 <= r.prefix_group <= MAX_GROUP):
+        raise TraceError(f"field 'prefix_group' must be null or an integer in 0..2**63-1, "
+                         f"got {_shown(r.prefix_group)}")
     if not _is_int(r.prefix_len) or not 0 <= r.prefix_len <= r.prompt_len:
-        raise TraceError(f"prefix_len must be an integer in 0..prompt_len={r.prompt_len}, got {r.prefix_len!r}")
+        raise TraceError(f"field 'prefix_len' must be an integer in 0..prompt_len={r.prompt_len}, "
+                         f"got {_shown(r.prefix_len)}")
     if r.prefix_group is None and r.prefix_len:
-        raise TraceError(f"prefix_len={r.prefix_len} needs a prefix_group")
+        raise TraceError(f"field 'prefix_len' is {r.prefix_len} but 'prefix_group' is null")
 
 
-def _parse_line(text: str) -> Request:
+def _parse_line(text) -> Request:
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise TraceError(f"not UTF-8 text (byte {e.start + 1} of the line)") from None
     try:
         record = json.loads(text)
     except json.JSONDecodeError as e:
-        raise TraceError(f"not valid JSON ({e.msg})") from None
+        raise TraceError(f"not valid JSON ({e.msg}, column {e.colno})") from None
+    except RecursionError:
+        raise TraceError("JSON nested too deeply") from None
+    except ValueError as e:   # an integer longer than Python's 4300-digit conversion limit
+        raise TraceError(f"not usable JSON ({e})") from None
     if not isinstance(record, dict):
         raise TraceError(f"expected a JSON object, got {type(record).__name__}")
     unknown = sorted(set(record) - set(FIELDS))
@@ -75,7 +102,7 @@ def _parse_line(text: str) -> Request:
 
 
 def parse_trace(lines) -> list[Request]:
-    """Blank lines are skipped; an error names the 1-based line it comes from."""
+    """Lines as str or bytes (UTF-8); blank lines are skipped; an error names the 1-based line."""
     requests = []
     for lineno, text in enumerate(lines, 1):
         if not text.strip():
@@ -85,22 +112,33 @@ def parse_trace(lines) -> list[Request]:
         except TraceError as e:
             raise TraceError(f"line {lineno}: {e}") from None
         if requests and request.arrival < requests[-1].arrival:
-            raise TraceError(f"line {lineno}: arrival {request.arrival} is earlier than the line "
+            raise TraceError(f"line {lineno}: field 'arrival' is {request.arrival}, earlier than the line "
                              f"before ({requests[-1].arrival}); sort the trace by arrival")
         requests.append(request)
     return requests
 
 
 def read_trace(path) -> list[Request]:
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:   # bytes: a line that is not UTF-8 is reported by number
         try:
             return parse_trace(f)
         except TraceError as e:
             raise TraceError(f"{path}: {e}") from None
 
 
-def write_trace(path, requests):
-    Path(path).write_text("".join(json.dumps(asdict(r)) + "\n" for r in requests), encoding="utf-8")
+def write_trace(target, requests) -> int:
+    """Write `requests` (any iterable, consumed as it goes) to the file `target`, '-' for stdout;
+    returns how many were written."""
+    out = sys.stdout if target == "-" else open(target, "w", encoding="utf-8")
+    count = 0
+    try:
+        for request in requests:
+            out.write(json.dumps({name: getattr(request, name) for name in FIELDS}) + "\n")
+            count += 1
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return count
 
 
 @dataclass(frozen=True)
@@ -162,27 +200,56 @@ class TraceConfig:
 
 def synthesize(cfg: TraceConfig) -> list[Request]:
     """The same config and seed give the same trace on every machine (numpy's PCG64 stream)."""
+    return [request for chunk in synthesize_chunks(cfg) for request in chunk]
+
+
+def _columns(cfg: TraceConfig):
+    """The random draws, one column after the other from one seeded stream: arrival gaps, prompt
+    lengths, output lengths, in-group coins, group ids, multi-sample coins (numpy draws the same
+    numbers whether a column is drawn at once or in pieces)."""
+    return (lambda rng, n: rng.exponential(1 / cfg.rate, n), cfg.prompt.sample, cfg.output.sample,
+            lambda rng, n: rng.random(n), lambda rng, n: rng.integers(0, cfg.prefix_groups, n),
+            lambda rng, n: rng.random(n))
+
+
+def _sizes(total: int, chunk: int):
+    for start in range(0, total, chunk):
+        yield min(chunk, total - start)
+
+
+def synthesize_chunks(cfg: TraceConfig, chunk: int = CHUNK):
+    """`synthesize`, in lists of up to `chunk` requests, in constant memory. Each column is drawn
+    from its own generator, positioned where one generator drawing the columns in turn would be:
+    a first pass draws and discards each column to find those positions."""
     import numpy as np
 
-    rng = np.random.default_rng(cfg.seed)
-    arrivals = np.cumsum(rng.exponential(1 / cfg.rate, cfg.num_requests))
-    # A request needs at least one output token, so the prompt leaves room for it.
-    prompts = np.minimum(cfg.prompt.sample(rng, cfg.num_requests), cfg.max_seq_len - 1)
-    outputs = np.minimum(cfg.output.sample(rng, cfg.num_requests), cfg.max_seq_len - prompts)
-    in_group = rng.random(cfg.num_requests) < cfg.prefix_fraction
-    groups = rng.integers(0, cfg.prefix_groups, cfg.num_requests)
-    sampled = rng.random(cfg.num_requests) < cfg.sample_prob
-    return [
-        Request(
-            arrival=float(arrivals[i]),
-            prompt_len=int(prompts[i]),
-            output_len=int(outputs[i]),
-            prefix_group=int(groups[i]) if in_group[i] else None,
-            prefix_len=min(cfg.prefix_len, int(prompts[i])) if in_group[i] else 0,
-            num_samples=cfg.num_samples if sampled[i] else 1,
-        )
-        for i in range(cfg.num_requests)
-    ]
+    draw = _columns(cfg)
+    rng, starts = np.random.default_rng(cfg.seed), []
+    for column in draw:
+        starts.append(rng.bit_generator.state)
+        for size in _sizes(cfg.num_requests, chunk):
+            column(rng, size)
+    generators = []
+    for state in starts:
+        generator = np.random.default_rng()
+        generator.bit_generator.state = state
+        generators.append(generator)
+    clock = 0.0
+    for size in _sizes(cfg.num_requests, chunk):
+        gaps, prompts, outputs, group_coins, groups, sample_coins = (
+            column(generator, size) for column, generator in zip(draw, generators))
+        # A running sum continued from the last chunk adds in the same order as one cumsum.
+        arrivals = np.cumsum(np.concatenate(([clock], gaps)))[1:]
+        clock = float(arrivals[-1])
+        # A request needs at least one output token, so the prompt leaves room for it.
+        prompts = np.minimum(prompts, cfg.max_seq_len - 1)
+        outputs = np.minimum(outputs, cfg.max_seq_len - prompts)
+        in_group, sampled = group_coins < cfg.prefix_fraction, sample_coins < cfg.sample_prob
+        yield [Request(arrival=float(arrivals[i]), prompt_len=int(prompts[i]), output_len=int(outputs[i]),
+                       prefix_group=int(groups[i]) if in_group[i] else None,
+                       prefix_len=min(cfg.prefix_len, int(prompts[i])) if in_group[i] else 0,
+                       num_samples=cfg.num_samples if sampled[i] else 1)
+               for i in range(size)]
 
 
 def trace_stats(requests: list[Request]) -> dict:

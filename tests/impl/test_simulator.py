@@ -61,6 +61,25 @@ def test_prefix_groups_share_exactly_their_prefix():
     assert not set(t3) & (set(t1) | set(t2))
 
 
+@pytest.mark.parametrize("group", [0, 2**38, 2**63 - 1])
+def test_any_int64_group_id_shares_its_prefix(group):
+    # Group ids are renumbered densely before they become token ids, so the largest ids a trace may
+    # hold hit the prefix cache exactly like group 0 (they used to overflow the int64 token range).
+    reqs = [Request(0.0, 40, 4, prefix_group=group, prefix_len=32), Request(0.5, 40, 4, prefix_group=group,
+                                                                         prefix_len=32)]
+    s = sim.simulate(reqs, config("paged", block_size=16, num_blocks=64, max_seq_len=64,
+                                  prefix_caching=True)).summary()
+    assert s["requests"] == 2 and s["rejected"] == 0
+    assert s["prefix_hit_rate"] == pytest.approx(32 / 80)   # the second prompt's two full shared blocks
+
+
+def test_rejections_are_counted_by_reason():
+    reqs = [Request(0.0, 30, 10), Request(0.0, 8, 4), Request(0.0, 20, 4)]
+    s = sim.simulate(reqs, config("paged", block_size=4, num_blocks=5, max_seq_len=32)).summary()
+    # 40 tokens exceed max_seq_len; 24 tokens need 6 blocks of a 5-block pool; 12 tokens fit.
+    assert (s["rejected_too_long"], s["rejected_too_large"], s["rejected"], s["requests"]) == (1, 1, 2, 1)
+
+
 # ------------------------------------------------------------------ hand-computed replays
 
 TWO = [Request(0.0, prompt_len=5, output_len=3), Request(0.0, prompt_len=9, output_len=2)]
@@ -193,7 +212,8 @@ def test_cli_smoke_writes_files(tmp_path):
     assert result.exit_code == 0, result.output
     assert "KV utilization" in result.output and "cost model" in result.output
     for name in ("summary.json", "timeline_paged.csv", "timeline_contiguous.csv", "utilization.png",
-                 "block_size_sweep.csv", "block_size_sweep.png"):
+                 "latency_cdf.png", "concurrency.png", "preemptions.png", "block_size_sweep.csv",
+                 "block_size_sweep.png"):
         assert (out / name).stat().st_size > 0, name
     summary = json.loads((out / "summary.json").read_text())
     assert [run["allocator"] for run in summary["runs"]] == ["contiguous", "paged"]

@@ -8,7 +8,26 @@ from hypothesis import given, settings, strategies as st
 
 from pagedkv.cli.trace import trace as trace_cmd
 from pagedkv.impl.sim.trace import (LengthDist, Request, TraceConfig, TraceError, parse_trace, read_trace,
-                                synthesize, trace_stats, write_trace)
+                                synthesize, synthesize_chunks, trace_stats, write_trace)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 300), chunk=st.integers(1, 64), seed=st.integers(0, 2**32),
+       kind=st.sampled_from(["lognormal", "uniform", "fixed"]))
+def test_streaming_in_chunks_draws_the_same_trace(n, chunk, seed, kind):
+    # The reference is one draw per column (one chunk), as the synthesizer did before it streamed.
+    cfg = TraceConfig(n, seed=seed, prompt=LengthDist(kind, 60), output=LengthDist(kind, 20), max_seq_len=128,
+                      prefix_fraction=0.5, prefix_len=8, sample_prob=0.3)
+    whole = [r for c in synthesize_chunks(cfg, chunk=n) for r in c]
+    chunks = list(synthesize_chunks(cfg, chunk=chunk))
+    assert [len(c) for c in chunks] == [min(chunk, n - i) for i in range(0, n, chunk)]
+    assert [r for c in chunks for r in c] == whole == synthesize(cfg)
+
+
+def test_write_trace_streams_to_stdout(capsys):
+    requests = synthesize(TraceConfig(3, seed=1))
+    assert write_trace("-", iter(requests)) == 3
+    assert parse_trace(capsys.readouterr().out.splitlines()) == requests
 
 
 def test_same_seed_same_trace_other_seed_other_trace():
@@ -84,7 +103,7 @@ def test_optional_fields_default():
 
 def test_blank_lines_are_skipped_and_line_numbers_count_them():
     lines = ['{"arrival": 0, "prompt_len": 5, "output_len": 2}', "", '{"arrival": 1, "prompt_len": 0, "output_len": 2}']
-    with pytest.raises(TraceError, match=r"^line 3: prompt_len must be an integer >= 1, got 0$"):
+    with pytest.raises(TraceError, match=r"^line 3: field 'prompt_len' must be an integer in 1\.\.16777216, got 0$"):
         parse_trace(lines)
 
 
@@ -93,16 +112,24 @@ def test_blank_lines_are_skipped_and_line_numbers_count_them():
     ("[1, 2]", "expected a JSON object, got list"),
     ('{"arrival": 0, "prompt_len": 5, "output_len": 2, "prompt_length": 5}', "unknown field(s) prompt_length"),
     ('{"arrival": 0, "prompt_len": 5}', "missing field(s) output_len"),
-    ('{"arrival": -1, "prompt_len": 5, "output_len": 2}', "arrival must be a finite number"),
-    ('{"arrival": NaN, "prompt_len": 5, "output_len": 2}', "arrival must be a finite number"),
-    ('{"arrival": "0", "prompt_len": 5, "output_len": 2}', "arrival must be a finite number"),
-    ('{"arrival": 0, "prompt_len": 4.5, "output_len": 2}', "prompt_len must be an integer >= 1"),
-    ('{"arrival": 0, "prompt_len": true, "output_len": 2}', "prompt_len must be an integer >= 1"),
-    ('{"arrival": 0, "prompt_len": 5, "output_len": 0}', "output_len must be an integer >= 1"),
-    ('{"arrival": 0, "prompt_len": 5, "output_len": 2, "num_samples": 0}', "num_samples must be an integer >= 1"),
-    ('{"arrival": 0, "prompt_len": 5, "output_len": 2, "prefix_group": -2}', "prefix_group must be null"),
-    ('{"arrival": 0, "prompt_len": 5, "output_len": 2, "prefix_group": 1, "prefix_len": 6}', "prefix_len must be an integer in 0..prompt_len=5"),
-    ('{"arrival": 0, "prompt_len": 5, "output_len": 2, "prefix_len": 3}', "prefix_len=3 needs a prefix_group"),
+    ('{"arrival": -1, "prompt_len": 5, "output_len": 2}', "field 'arrival' must be a finite number"),
+    ('{"arrival": NaN, "prompt_len": 5, "output_len": 2}', "field 'arrival' must be a finite number"),
+    ('{"arrival": "0", "prompt_len": 5, "output_len": 2}', "field 'arrival' must be a finite number"),
+    ('{"arrival": 0, "prompt_len": 4.5, "output_len": 2}', "field 'prompt_len' must be an integer in 1.."),
+    ('{"arrival": 0, "prompt_len": true, "output_len": 2}', "field 'prompt_len' must be an integer in 1.."),
+    ('{"arrival": 0, "prompt_len": 5, "output_len": 0}', "field 'output_len' must be an integer in 1.."),
+    ('{"arrival": 0, "prompt_len": 5, "output_len": 2, "num_samples": 0}', "field 'num_samples' must be an integer in 1..1024"),
+    ('{"arrival": 0, "prompt_len": 5, "output_len": 2, "prefix_group": -2}', "field 'prefix_group' must be null"),
+    ('{"arrival": 0, "prompt_len": 5, "output_len": 2, "prefix_group": 1, "prefix_len": 6}', "field 'prefix_len' must be an integer in 0..prompt_len=5"),
+    ('{"arrival": 0, "prompt_len": 5, "output_len": 2, "prefix_len": 3}', "field 'prefix_len' is 3 but 'prefix_group' is null"),
+    # sizes no tool could hold, and files that are not usable JSON at all
+    ('{"arrival": 0, "prompt_len": 16777217, "output_len": 2}', "field 'prompt_len' must be an integer in 1..16777216"),
+    ('{"arrival": 0, "prompt_len": 5, "output_len": 2, "prefix_group": 9223372036854775808}',
+     "field 'prefix_group' must be null or an integer in 0..2**63-1"),
+    ('{"arrival": 1' + "0" * 400 + ', "prompt_len": 5, "output_len": 2}', "field 'arrival' must be a finite number"),
+    ('{"arrival": 0, "prompt_len": 1' + "0" * 5000 + ', "output_len": 2}', "not usable JSON (Exceeds the limit"),
+    ("[" * 100_000 + "]" * 100_000, "JSON nested too deeply"),
+    (b'{"arrival": 0, "prompt_len": 5, "output_len": 2, "x\xff": 1}', "not UTF-8 text (byte 52 of the line)"),
 ])
 def test_bad_records_name_their_line(line, message):
     good = '{"arrival": 0, "prompt_len": 5, "output_len": 2}'
@@ -113,7 +140,7 @@ def test_bad_records_name_their_line(line, message):
 
 def test_arrivals_must_not_go_back_in_time():
     lines = ['{"arrival": 2, "prompt_len": 5, "output_len": 2}', '{"arrival": 1, "prompt_len": 5, "output_len": 2}']
-    with pytest.raises(TraceError, match="line 2: arrival 1 is earlier than the line before"):
+    with pytest.raises(TraceError, match="line 2: field 'arrival' is 1, earlier than the line before"):
         parse_trace(lines)
 
 
