@@ -327,6 +327,8 @@ def host_ints(name: str, value, shape: tuple[int, ...]) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         if value.device.type != "cpu":
             _fail(f"{name} must be a host (CPU) copy, got a tensor on {value.device}")
+        if value.layout != torch.strided:
+            _fail(f"{name} must be a dense (strided) tensor, got layout {value.layout}")
         t = value
     else:
         try:
