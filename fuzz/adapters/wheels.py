@@ -12,9 +12,10 @@ install the engine (no GPU, no CUDA libraries, a different Python environment). 
    sources: compiled extensions cannot load here anyway), into a temporary folder that is renamed
    into place, so an interrupted install never looks complete.
 
-2. `load(root, packages, modules, stubs)` imports `modules` from `root` and returns a `LoadedEngine`.
+2. `load(roots, packages, modules, stubs)` imports `modules` from the `roots` (the engine's folder
+   and those of pure-Python dependencies installed the same way) and returns a `LoadedEngine`.
    While it loads, and only then, a meta-path finder at the front of `sys.meta_path`:
-   - resolves the top-level `packages` from `root` only (never from the user's `sys.path`);
+   - resolves the top-level `packages` from `roots` only (never from the user's `sys.path`);
    - serves each name in `stubs` (a table of `Stub`, module name -> why and what it provides). A stub
      stands in for an import that pulls a GPU, distributed or multimodal subsystem, or a compiled
      extension that is not available; never for the logic under test. Names it provides but the
@@ -166,6 +167,16 @@ class Stub:
     hollow: bool = False
 
 
+class _UnavailableMeta(type):
+    """Class attributes of a stubbed name (an enum member used as a default argument, say) are
+    stubbed names too, so module-level references import; using any of them raises."""
+
+    def __getattr__(cls, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return unavailable(f"{cls.__qualname__}.{name}", cls.__pagedkv_why__)
+
+
 def unavailable(qualname: str, why: str) -> type:
     """A stubbed name: a class, so importing, subclassing and `isinstance` work; making one raises,
     saying which stub and why (the code under test must never need it)."""
@@ -174,8 +185,9 @@ def unavailable(qualname: str, why: str) -> type:
     def refuse(self, *args, **kwargs):
         raise RuntimeError(message)
 
-    return type(qualname.rpartition(".")[2], (), {"__init__": refuse, "__doc__": message,
-                                                  "__init_subclass__": classmethod(lambda cls, **kw: None)})
+    return _UnavailableMeta(qualname.rpartition(".")[2], (), {
+        "__init__": refuse, "__doc__": message, "__qualname__": qualname, "__pagedkv_why__": why,
+        "__init_subclass__": classmethod(lambda cls, **kw: None)})
 
 
 def placeholders(*names: str, **values) -> Callable[[types.ModuleType], None]:
@@ -206,26 +218,26 @@ class _StubLoader(importlib.abc.Loader):
 class _EngineFinder(importlib.abc.MetaPathFinder):
     """Resolves the engine's packages from `root` and serves the stub table (installed while loading)."""
 
-    def __init__(self, root: Path, packages: frozenset, stubs: Mapping[str, Stub]):
-        self.root, self.packages, self.stubs = root, packages, stubs
+    def __init__(self, roots: tuple, packages: frozenset, stubs: Mapping[str, Stub]):
+        self.roots, self.packages, self.stubs = roots, packages, stubs
 
     def find_spec(self, fullname, path, target=None):
         stub = self.stubs.get(fullname)
         if stub is not None and stub.hollow:
             real = self._real_spec(fullname, path)
             if real is None or real.submodule_search_locations is None:
-                raise ImportError(f"hollow stub {fullname!r}: no such package in {self.root}")
+                raise ImportError(f"hollow stub {fullname!r}: no such package in {self.roots}")
             spec = importlib.machinery.ModuleSpec(fullname, _StubLoader(stub), is_package=True)
             spec.submodule_search_locations = list(real.submodule_search_locations)
             return spec
         if stub is not None:
             return importlib.machinery.ModuleSpec(fullname, _StubLoader(stub), is_package=True)
         if fullname in self.packages:
-            return importlib.machinery.PathFinder.find_spec(fullname, [str(self.root)])
+            return importlib.machinery.PathFinder.find_spec(fullname, [str(root) for root in self.roots])
         return None  # submodules: found through the parent's __path__, which lies under root
 
     def _real_spec(self, fullname, path):
-        search = [str(self.root)] if "." not in fullname else path
+        search = [str(root) for root in self.roots] if "." not in fullname else path
         return importlib.machinery.PathFinder.find_spec(fullname, search)
 
 
@@ -236,7 +248,7 @@ def _owned(name: str, packages: frozenset, stubs: Mapping) -> bool:
 @dataclass
 class LoadedEngine:
     """The modules of one engine version, outside `sys.modules` (see the module docstring)."""
-    root: Path
+    roots: tuple
     packages: frozenset
     stubs: Mapping[str, Stub]
     modules: dict = field(default_factory=dict)
@@ -247,7 +259,7 @@ class LoadedEngine:
     @contextlib.contextmanager
     def active(self) -> Iterator["LoadedEngine"]:
         """The engine's modules (and its finder) in `sys.modules` for the duration; the user's back after."""
-        finder = _EngineFinder(self.root, self.packages, self.stubs)
+        finder = _EngineFinder(self.roots, self.packages, self.stubs)
         saved = {name: sys.modules.pop(name) for name in list(sys.modules) if _owned(name, self.packages, self.stubs)}
         sys.modules.update(self.modules)
         sys.meta_path.insert(0, finder)
@@ -267,6 +279,21 @@ class LoadedEngine:
         return self
 
 
-def load(root: Path, packages: Iterable[str], modules: Iterable[str], stubs: Mapping[str, Stub] = None) -> LoadedEngine:
-    """Import `modules` (and what they import) of the top-level `packages` from `root`, privately."""
-    return LoadedEngine(Path(root), frozenset(packages), dict(stubs or {})).load(modules)
+class InstalledEngine(dict):
+    """The modules of a normally installed engine: the same interface as `LoadedEngine`."""
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator["InstalledEngine"]:
+        yield self  # already in sys.modules, with the ordinary import system behind it
+
+
+def installed(modules: Iterable[str]) -> InstalledEngine:
+    """Import `modules` normally (the engine is installed in the user's environment)."""
+    return InstalledEngine({name: importlib.import_module(name) for name in modules})
+
+
+def load(roots: Iterable[Path], packages: Iterable[str], modules: Iterable[str],
+         stubs: Mapping[str, Stub] = None) -> LoadedEngine:
+    """Import `modules` (and what they import) of the top-level `packages` from the `roots` (the
+    engine's folder and those of the pure-Python dependencies it needs), privately."""
+    return LoadedEngine(tuple(Path(root) for root in roots), frozenset(packages), dict(stubs or {})).load(modules)
