@@ -3,30 +3,40 @@
 A campaign first replays the examples saved in its database (a shared directory, or a Redis server
 that many machines point at), then generates new programs in runs of at most `RUN_EXAMPLES` examples,
 once through the example budget or, with `seconds`, until the time is up. The first counterexample
-stops every worker; it is shrunk, printed as readable steps with the oracle that fired and the state
-around it, and optionally saved as a standalone pytest regression file.
+stops every worker; it is shrunk (by Hypothesis, then step by step: `drop_needless_steps`), printed
+as readable steps with the oracle that fired and the state around it, and optionally saved as a
+regression: a JSON file of data and a fixed pytest file that replays it.
+
+Every run is seeded: run `r` of worker `w` draws from `run_seed(seed, w, r)`, so a campaign with the
+same seed, target, database contents and budget draws the same programs (under `ci` the seed is 0
+unless `--seed` says otherwise; other profiles draw a fresh seed and print it).
 """
 
 import hashlib
 import json
+import math
 import multiprocessing
 import os
-import pprint
 import queue
 import re
+import secrets
+import stat
 import sys
 import threading
 import time
 import unittest
 import xml.etree.ElementTree as ET
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
-from hypothesis import Phase, Verbosity
+from hypothesis import Phase, Verbosity, seed as hypothesis_seed
 from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
-from .harness import PATHS, machine_for
+from .guard import DEFAULT_TIMEOUT, Deadline, GuardedFactory
+from .harness import ARG_NAMES, PATHS, machine_for, replay
 from .oracles import ORACLES, OracleFailure
 from .profiles import EFFORT, settings_for
 from .subjects import UsageError, resolve
@@ -35,6 +45,14 @@ DEFAULT_DB = os.path.join(".hypothesis", "pagedkv")
 RUN_EXAMPLES = 100   # examples per Hypothesis run: workers notice a stop or the deadline between runs
 REPLAY = (Phase.explicit, Phase.reuse, Phase.shrink)
 GENERATE = (Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink)
+#: option -> (lowest, highest, lowest excluded): every number a campaign takes is bounded.
+LIMITS = {
+    "max_examples": (1, 10**9, False),
+    "seconds": (0, 30 * 86400, True),
+    "workers": (1, 256, False),
+    "seed": (0, 2**64 - 1, False),
+    "call_timeout": (0, 3600, True),
+}
 
 
 @dataclass
@@ -44,10 +62,12 @@ class Options:
     max_examples: int = None     # per worker; default: the profile's
     seconds: float = None        # time budget: keep running until it is spent
     workers: int = 1
-    db: str = DEFAULT_DB         # a directory or redis://HOST:PORT/N
+    db: str = DEFAULT_DB         # a directory, or a Redis URL (redis://, rediss://, unix://)
     save_regression: str = None
     json_path: str = None
     junit_path: str = None
+    seed: int = None             # None: 0 under ci, a fresh random seed otherwise
+    call_timeout: float = DEFAULT_TIMEOUT
 
 
 @dataclass
@@ -57,7 +77,8 @@ class Result:
     passed: bool
     seconds: float
     tally: dict
-    database: str
+    database: str                # as shown: a Redis password is masked
+    seed: int
     database_note: str = ""
     failure: dict = None         # oracle, message, found_in, worker, config, program, trace, state
     regression: str = None
@@ -66,23 +87,139 @@ class Result:
         return 0 if self.passed else 1
 
 
+def checked(options: Options) -> Options:
+    """`options` with its seed chosen, or UsageError naming the option that is out of range."""
+    if options.profile not in EFFORT:
+        raise UsageError(f"unknown profile {options.profile!r}; choose one of {', '.join(EFFORT)}")
+    for name, (low, high, low_open) in LIMITS.items():
+        value = getattr(options, name)
+        if value is None:
+            continue
+        integral = name not in ("seconds", "call_timeout")
+        kinds = (int,) if integral else (int, float)
+        if not isinstance(value, kinds) or isinstance(value, bool) or not math.isfinite(min(value, high + 1)) \
+                or value < low or (low_open and value == low) or value > high:
+            option = "--" + name.replace("_", "-")
+            raise UsageError(f"{option} must be {'an integer' if integral else 'a number'} in "
+                             f"{'(' if low_open else '['}{low}, {high}], got {value!r}")
+    if options.seed is None:
+        return replace(options, seed=0 if options.profile == "ci" else secrets.randbelow(2**32))
+    return options
+
+
+def run_seed(seed: int, worker: int, run: int) -> int:
+    """The seed of one Hypothesis run: runs of one campaign, and workers, never repeat each other."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{worker}/{run}".encode()).digest()[:8], "big")
+
+
 # ---------------------------------------------------------------------- databases
 
-def open_database(spec: str):
-    """(database, note): a directory database, or Redis when `spec` is a reachable redis:// URL.
-    An unreachable Redis falls back to the local default directory, and the note says so."""
-    if not spec.startswith("redis://"):
-        return DirectoryBasedExampleDatabase(spec), ""
+SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+class RegularFilesDatabase(DirectoryBasedExampleDatabase):
+    """Hypothesis' directory database that reads regular files only. A FIFO (or a device, or a
+    symlink to one) planted in a shared directory would block the replay phase of every campaign on
+    `open()`; entries are opened non-blocking and without following links, and skipped unless fstat
+    says they are regular files."""
+
+    def fetch(self, key: bytes):
+        directory = self._key_path(key)
+        try:
+            names = os.listdir(directory)
+        except OSError:  # no entries for this key yet (or not a directory at all)
+            return
+        for name in names:
+            value = _read_regular(os.path.join(directory, name))
+            if value is not None:
+                yield value
+
+
+def _read_regular(path: str):
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            return handle.read()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def open_database(spec: str) -> tuple:
+    """(database, label, note). `spec` is a directory or a Redis URL; `label` is how to show it (any
+    password masked). An unreachable Redis falls back to the local default directory and `note` says
+    so; anything else wrong with `spec` is a UsageError."""
+    if SCHEME.match(spec):
+        return _open_redis(spec)
+    return _open_directory(spec), spec, ""
+
+
+def _open_directory(path: str):
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise UsageError(f"--db {path!r} exists and is not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"--db {path!r}: cannot create the directory ({error.strerror})") from error
+    if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
+        raise UsageError(f"--db {path!r}: the directory is not writable")
+    return RegularFilesDatabase(path)
+
+
+def _secrets(url: str) -> list:
+    """The passwords in a Redis URL (user info, or a password= query argument), as written and decoded."""
+    found = re.findall(r"(?i)[?&]password=([^&#]*)", url)
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    if password:
+        found.append(password)
+    return sorted({form for text in found if text for form in (text, unquote(text))}, key=len, reverse=True)
+
+
+def masked(url: str, text: str = None) -> str:
+    """`text` (default: the URL itself) with every password of `url` replaced by ***."""
+    text = url if text is None else text
+    for secret in _secrets(url):
+        text = text.replace(secret, "***")
+    return text
+
+
+def _open_redis(spec: str) -> tuple:
+    label = masked(spec)
+    scheme = SCHEME.match(spec).group(1).lower()
+    if scheme not in REDIS_SCHEMES:
+        raise UsageError(f"--db {label}: unknown scheme {scheme}://; give a directory or a Redis URL: "
+                         f"redis://[:PASSWORD@]HOST:PORT/N, rediss://... (TLS), unix:///PATH/TO/SOCKET?db=N")
+    url = scheme + spec[len(scheme):]  # the client's parser wants the scheme in lower case
     import redis
     from hypothesis.extra.redis import RedisExampleDatabase
 
-    client = redis.Redis.from_url(spec, socket_connect_timeout=2, socket_timeout=5)
+    if scheme != "unix" and not re.fullmatch(r"/?\d*", urlsplit(url).path):
+        raise UsageError(f"--db {label}: the path must be a database number (/0, /1, ...)")
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
+    except ValueError as error:
+        raise UsageError(f"--db {label} is not a valid Redis URL: {masked(spec, str(error))}") from None
     try:
         client.ping()
-    except redis.RedisError as error:
-        return (DirectoryBasedExampleDatabase(DEFAULT_DB),
-                f"Redis at {spec} is unreachable ({error}); fuzzing on with the local database {DEFAULT_DB}")
-    return RedisExampleDatabase(client), ""
+    except redis.AuthenticationError as error:  # a ConnectionError too: must come first
+        raise UsageError(f"--db {label}: Redis refused the credentials ({masked(spec, str(error))})") from None
+    except (redis.ConnectionError, redis.TimeoutError) as error:
+        return (_open_directory(DEFAULT_DB), DEFAULT_DB,
+                f"Redis at {label} is unreachable ({masked(spec, str(error))}); "
+                f"fuzzing on with the local database {DEFAULT_DB}")
+    except redis.RedisError as error:  # e.g. a database number the server does not have, no permission
+        raise UsageError(f"--db {label}: Redis refused the connection ({masked(spec, str(error))})") from None
+    return RedisExampleDatabase(client), label, ""
 
 
 def harness_settings(profile: str, phases=GENERATE, **overrides):
@@ -92,19 +229,70 @@ def harness_settings(profile: str, phases=GENERATE, **overrides):
 
 # ---------------------------------------------------------------------- one run
 
-def run_once(subject, settings, tally: Counter) -> dict:
-    """One Hypothesis run of the harness; the (shrunk) counterexample as a dict, or None."""
+def _failure(error: OracleFailure) -> dict:
+    return {"oracle": error.oracle, "message": error.message, **error.report}
+
+
+def run_once(subject, settings, tally: Counter, seed: int = None, call_timeout: float = DEFAULT_TIMEOUT) -> dict:
+    """One Hypothesis run of the harness, every subject call guarded (fuzz/guard.py); the (shrunk)
+    counterexample as a dict, or None. `seed` fixes what the run draws."""
+    deadline = Deadline(call_timeout)
+    machine = machine_for(GuardedFactory(subject.factory, deadline), subject.capabilities, tally, subject.target)
+    if seed is not None:
+        machine = hypothesis_seed(seed)(machine)
     try:
-        run_state_machine_as_test(machine_for(subject.factory, subject.capabilities, tally, subject.target),
-                                  settings=settings)
+        with deadline:
+            run_state_machine_as_test(machine, settings=settings)
     except OracleFailure as failure:
-        return {"oracle": failure.oracle, "message": failure.message, **failure.report}
+        return _failure(failure)
     except unittest.SkipTest:  # a replay-only run over an empty database: nothing to replay
         return None
     except Exception as error:  # not an oracle: Hypothesis itself (flaky subject) or a harness bug
         return {"oracle": type(error).__name__, "message": str(error), "config": {}, "program": [],
                 "trace": [], "state": {}}
     return None
+
+
+def replay_guarded(subject, config: dict, program: list, call_timeout: float = DEFAULT_TIMEOUT) -> None:
+    """`harness.replay` with every subject call guarded, as in a campaign; raises OracleFailure."""
+    deadline = Deadline(call_timeout)
+    with deadline:
+        replay(GuardedFactory(subject.factory, deadline), config, program)
+
+
+def _replayed(subject, config: dict, program: list, call_timeout: float) -> dict:
+    try:
+        replay_guarded(subject, config, program, call_timeout)
+    except OracleFailure as failure:
+        return _failure(failure)
+    return None
+
+
+def drop_needless_steps(subject, failure: dict, call_timeout: float = DEFAULT_TIMEOUT) -> dict:
+    """`failure` with every step deleted whose deletion still fires the same oracle.
+
+    Hypothesis shrinks rule by rule, so steps that change nothing (an append to an unknown id, a
+    repeated free) survive inside rules it cannot delete. Replaying the flat program without one
+    step at a time, from the last to the first, until a whole pass deletes nothing, drops them.
+    A program that does not fire its oracle when replayed alone is kept as Hypothesis left it; a
+    `timeout` is never replayed here (each attempt could take the whole call timeout)."""
+    oracle = failure["oracle"]
+    if oracle not in ORACLES or oracle == "timeout" or not failure["program"]:
+        return failure
+    best = _replayed(subject, failure["config"], failure["program"], call_timeout)
+    if best is None or best["oracle"] != oracle:
+        return failure
+    shortened = True
+    while shortened:
+        shortened, i = False, len(best["program"]) - 1
+        while i >= 0:
+            program = best["program"][:i] + best["program"][i + 1:]
+            found = _replayed(subject, failure["config"], program, call_timeout)
+            # the replay's program can outgrow the candidate: the closing frees of `finish` join it
+            if found is not None and found["oracle"] == oracle and len(found["program"]) < len(best["program"]):
+                best, shortened = found, True
+            i = min(i, len(best["program"])) - 1
+    return {**failure, **best}
 
 
 def check(subject, profile: str, **overrides) -> tuple:
@@ -116,9 +304,16 @@ def check(subject, profile: str, **overrides) -> tuple:
 def fuzz_worker(options: Options, tally: Counter, stop, worker: int = 0) -> tuple:
     """Replay the database, then generate until the budget is spent. Returns (failure, db note)."""
     subject = resolve(options.target)
-    database, note = open_database(options.db)
+    database, _, note = open_database(options.db)
     base = {"database": database, "derandomize": False}
-    failure = run_once(subject, harness_settings(options.profile, REPLAY, **base), tally)
+    run = 0
+
+    def once(settings):
+        nonlocal run
+        run += 1
+        return run_once(subject, settings, tally, run_seed(options.seed, worker, run), options.call_timeout)
+
+    failure = once(harness_settings(options.profile, REPLAY, **base))
     found_in = "replay"
     budget = options.max_examples or EFFORT[options.profile].max_examples
     deadline = time.monotonic() + options.seconds if options.seconds else None
@@ -126,10 +321,11 @@ def fuzz_worker(options: Options, tally: Counter, stop, worker: int = 0) -> tupl
         if deadline and time.monotonic() >= deadline:
             break
         size = min(RUN_EXAMPLES, budget) if not deadline else RUN_EXAMPLES
-        failure = run_once(subject, harness_settings(options.profile, max_examples=size, **base), tally)
+        failure = once(harness_settings(options.profile, max_examples=size, **base))
         found_in, budget = "generate", budget - size
         tally["runs"] += 1
     if failure:
+        failure = drop_needless_steps(subject, failure, options.call_timeout)
         failure.update(found_in=found_in, worker=worker)
         stop.set()
     return failure, note
@@ -156,21 +352,20 @@ def _process_main(options: Options, worker: int, messages, stop) -> None:
 # ---------------------------------------------------------------------- the campaign
 
 def run_campaign(options: Options, out=None) -> Result:
-    """Run `options` and report. Raises UsageError (exit 2) for a target that cannot be fuzzed."""
+    """Run `options` and report. Raises UsageError (exit 2) for a target that cannot be fuzzed, an
+    option out of range or a database that cannot be used."""
     out = out or sys.stdout
-    resolve(options.target)  # usage errors surface here, before any worker starts
-    if options.profile not in EFFORT:
-        raise UsageError(f"unknown profile {options.profile!r}; choose one of {', '.join(EFFORT)}")
-    if options.workers < 1:
-        raise UsageError(f"--workers must be >= 1, got {options.workers}")
+    options = checked(options)
+    subject = resolve(options.target)  # usage errors surface here, before any worker starts
+    _, label, note = open_database(options.db)
     started = time.monotonic()
     display = Display(options, out, started)
-    failure, note, tally = (_run_in_thread if options.workers == 1 else _run_in_processes)(options, display)
+    failure, worker_note, tally = (_run_here if options.workers == 1 else _run_in_processes)(options, display)
     result = Result(options.target, options.profile, failure is None, round(time.monotonic() - started, 2),
                     {key: tally.get(key, 0) for key in ("examples", "steps", "runs", *PATHS)},
-                    options.db if not note else DEFAULT_DB, note, failure)
-    if failure and failure["program"] and options.save_regression:
-        result.regression = write_regression(options.save_regression, options.target, failure)
+                    label, options.seed, note or worker_note, failure)
+    if failure and options.save_regression:
+        result.regression = write_regression(options.save_regression, subject, failure, options.call_timeout)
     report(result, out)
     if options.json_path:
         with open(options.json_path, "w") as handle:
@@ -180,23 +375,22 @@ def run_campaign(options: Options, out=None) -> Result:
     return result
 
 
-def _run_in_thread(options: Options, display) -> tuple:
-    tally, stop, outcome = Counter(), threading.Event(), {}
+def _run_here(options: Options, display) -> tuple:
+    """One worker, in this thread (the call guard's timer works on the main thread only); the
+    display refreshes from a side thread."""
+    tally, stop, done = Counter(), threading.Event(), threading.Event()
 
-    def body():
-        try:
-            outcome["result"] = fuzz_worker(options, tally, stop)
-        except Exception as error:  # re-raised in the caller's thread below
-            outcome["error"] = error
-    worker = threading.Thread(target=body, daemon=True)
-    worker.start()
-    while worker.is_alive():
-        display.update(tally)
-        worker.join(0.25)
-    display.close()
-    if "error" in outcome:
-        raise outcome["error"]
-    failure, note = outcome["result"]
+    def refresh():
+        while not done.wait(0.25):
+            display.update(tally)
+    painter = threading.Thread(target=refresh, daemon=True)
+    painter.start()
+    try:
+        failure, note = fuzz_worker(options, tally, stop)
+    finally:
+        done.set()
+        painter.join()
+        display.close()
     return failure, note, tally
 
 
@@ -225,7 +419,7 @@ def _run_in_processes(options: Options, display) -> tuple:
     errors = [error for _, _, error in results.values() if error]
     if errors or len(results) < len(processes):
         raise RuntimeError(f"worker failed: {errors[0] if errors else 'exited without a result'}")
-    failures = [failure for failure, _, _ in results.values() if failure]
+    failures = [results[w][0] for w in sorted(results) if results[w][0]]
     note = next((note for _, note, _ in results.values() if note), "")
     return (failures[0] if failures else None), note, total
 
@@ -269,6 +463,16 @@ class Display:
 
 # ---------------------------------------------------------------------- reports
 
+def program_lines(failure: dict) -> list:
+    """One line per step of the program. The trace holds the steps that completed; a step during
+    which the oracle fired (a crash, a timeout, a bad return) is in the program only."""
+    lines = list(failure["trace"])
+    for op, args in failure["program"][len(lines):]:
+        call = ", ".join(f"{name}={value!r}" for name, value in zip(ARG_NAMES.get(op, ()), args))
+        lines.append(f"{op}({call}) -> did not complete")
+    return lines
+
+
 def format_failure(failure: dict) -> str:
     oracle = failure["oracle"]
     lines = [f"COUNTEREXAMPLE — oracle {oracle!r} fired (found in {failure.get('found_in', '?')} phase)",
@@ -276,9 +480,10 @@ def format_failure(failure: dict) -> str:
              f"  {failure['message']}"]
     if failure["config"]:
         lines.append("config: " + ", ".join(f"{k}={v}" for k, v in failure["config"].items()))
-    lines.append(f"program ({len(failure['trace'])} steps):")
-    for number, step in enumerate(failure["trace"], 1):
-        marker = f"    <-- {oracle}" if number == len(failure["trace"]) else ""
+    steps = program_lines(failure)
+    lines.append(f"program ({len(steps)} steps):")
+    for number, step in enumerate(steps, 1):
+        marker = f"    <-- {oracle}" if number == len(steps) else ""
         lines.append(f"  {number:3d}. {step}{marker}")
     state = failure["state"]
     if state:
@@ -294,8 +499,8 @@ def report(result: Result, out) -> None:
     if result.database_note:
         print(f"note: {result.database_note}", file=out)
     tally = result.tally
-    print(f"{result.target}: {tally['examples']} examples, {tally['steps']} steps in {result.seconds:.1f}s; "
-          f"paths " + ", ".join(f"{p}={tally[p]}" for p in PATHS), file=out)
+    print(f"{result.target}: {tally['examples']} examples, {tally['steps']} steps in {result.seconds:.1f}s "
+          f"(seed {result.seed}); paths " + ", ".join(f"{p}={tally[p]}" for p in PATHS), file=out)
     if result.passed:
         print(f"PASS: no oracle fired ({', '.join(ORACLES)})", file=out)
         return
@@ -316,45 +521,62 @@ def write_junit(path: str, result: Result) -> None:
     ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
 
 
-REGRESSION = '''"""Regression found by `pagedkv fuzz {target}`: oracle {oracle!r} fired.
+# ---------------------------------------------------------------------- regressions
 
-{message}
+REGRESSION_FORMAT = 1
+#: Every regression's test file, byte for byte: it holds no data, so nothing a subject said (an
+#: error message, a repr) is ever Python source. The data lives in the JSON file of the same name.
+REGRESSION_TEST = '''"""A regression found by `pagedkv fuzz`: replays the shrunk program stored beside this file (same
+name, .json: target, configuration, program, the oracle that fired) through the conformance oracles.
+It fails until the bug is fixed. This file holds no data; edit the JSON to retarget it."""
+from pathlib import Path
 
-Replays exactly the shrunk program below through the conformance oracles; fails until the bug is fixed.
-"""
-import sys
-
-SEARCH_PATH = {search_path!r}
-if SEARCH_PATH and SEARCH_PATH not in sys.path:
-    sys.path.insert(0, SEARCH_PATH)
-
-from pagedkv.fuzz.harness import replay  # noqa: E402
-from pagedkv.fuzz.subjects import resolve  # noqa: E402
-
-TARGET = {target!r}
-CONFIG = {config}
-PROGRAM = [
-{program}]
+from pagedkv.fuzz.campaign import replay_regression
 
 
-def test_{name}():
-    replay(resolve(TARGET).factory, CONFIG, PROGRAM)
+def test_regression():
+    replay_regression(Path(__file__).with_suffix(".json"))
 '''
+REGRESSION_KEYS = {"format": int, "target": str, "search_path": str, "oracle": str, "message": str,
+                   "config": dict, "program": list, "trace": list, "call_timeout": (int, float)}
 
 
-def write_regression(directory: str, target: str, failure: dict) -> str:
-    """A standalone pytest file replaying the counterexample against the same target."""
+def write_regression(directory: str, subject, failure: dict, call_timeout: float = DEFAULT_TIMEOUT) -> str:
+    """A pytest file replaying the counterexample against the same target, and its JSON data."""
     os.makedirs(directory, exist_ok=True)
     digest = hashlib.sha1(json.dumps(failure["program"]).encode()).hexdigest()[:8]
-    name = re.sub(r"\W+", "_", f"{target}_{failure['oracle']}_{digest}").strip("_").lower()
-    steps = "".join(f"    ({op!r}, {tuple(args)!r}),  # {line}\n"
-                    for (op, args), line in zip(failure["program"], failure["trace"]))
-    path = os.path.join(directory, f"test_regression_{name}.py")
-    with open(path, "w") as handle:
-        handle.write(REGRESSION.format(target=target, oracle=failure["oracle"], message=failure["message"],
-                                       search_path=resolve(target).search_path,
-                                       config=pprint.pformat(failure["config"]), program=steps, name=name))
-    return path
+    name = re.sub(r"\W+", "_", f"{subject.target}_{failure['oracle']}_{digest}", flags=re.ASCII).strip("_").lower()
+    data = {"format": REGRESSION_FORMAT, "target": subject.target, "search_path": subject.search_path,
+            "oracle": failure["oracle"], "message": failure["message"], "config": failure["config"],
+            "program": failure["program"], "trace": program_lines(failure), "call_timeout": call_timeout}
+    stem = os.path.join(directory, f"test_regression_{name}")
+    with open(stem + ".json", "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=1)
+        handle.write("\n")
+    with open(stem + ".py", "w", encoding="utf-8") as handle:
+        handle.write(REGRESSION_TEST)
+    return stem + ".py"
+
+
+def load_regression(path) -> dict:
+    """The data of a regression file, checked key by key (ValueError says what is wrong)."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a pagedkv regression (a JSON object expected)")
+    for key, kind in REGRESSION_KEYS.items():
+        if not isinstance(data.get(key), kind):
+            raise ValueError(f"{path}: not a pagedkv regression: {key!r} missing or not {kind}")
+    if data["format"] != REGRESSION_FORMAT:
+        raise ValueError(f"{path}: regression format {data['format']}, this pagedkv reads {REGRESSION_FORMAT}")
+    return data
+
+
+def replay_regression(path) -> None:
+    """Replay a saved regression; raises OracleFailure while the bug is present."""
+    data = load_regression(path)
+    if data["search_path"] and data["search_path"] not in sys.path:
+        sys.path.append(data["search_path"])  # where the adapter was found; shadows nothing installed
+    replay_guarded(resolve(data["target"]), data["config"], data["program"], data["call_timeout"])
 
 
 # ---------------------------------------------------------------------- pagedkv check

@@ -1,29 +1,46 @@
-"""`pagedkv fuzz`: exit codes, regression files, reports, and workers sharing a directory database."""
+"""`pagedkv fuzz`: exit codes, option ranges, seeds, reports, regression files, module search paths
+and workers sharing a directory database."""
 
 import json
 import os
 import subprocess
 import sys
+import threading
 import xml.etree.ElementTree as ET
 
 import pytest
+from click.testing import CliRunner
+
+import bug_zoo
+from pagedkv.cli.fuzz import fuzz as fuzz_command
+from pagedkv.fuzz.campaign import (REGRESSION_TEST, Options, RegularFilesDatabase, UsageError, checked,
+                                   drop_needless_steps, open_database, replay_guarded, replay_regression, run_campaign)
+from pagedkv.fuzz.oracles import OracleFailure
+from pagedkv.fuzz.subjects import Subject, resolve
 
 ZOO_DIR = os.path.dirname(os.path.abspath(__file__))
-BUG = "bug_zoo:FreeStillShared"
+BUG = "bug_zoo:BlockIdsFromOne"   # fires on the first add: campaigns against it take seconds
 
 
 def fuzz(tmp_path, *args):
     """Run `pagedkv fuzz` in tmp_path with the zoo importable; returns the CompletedProcess."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ZOO_DIR, os.environ.get("PYTHONPATH", "")])}
+    search = [ZOO_DIR] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]  # "" would be the cwd
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(search)}
     env.pop("CI", None)
-    return subprocess.run([sys.executable, "-c", "from pagedkv.cli.main import main; main()", "fuzz", *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    # -P: like the `pagedkv` script, do not put the working directory first on sys.path
+    return subprocess.run([sys.executable, "-P", "-W", "ignore", "-c", "from pagedkv.cli.main import main; main()",
+                           "fuzz", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+def invoke(*args):
+    """`pagedkv fuzz` in this process (usage errors only: they stop before any fuzzing)."""
+    return CliRunner().invoke(fuzz_command, list(args))
 
 
 def test_spec_passes_with_exit_0(tmp_path):
     run = fuzz(tmp_path, "spec", "--max-examples", "20", "--db", "db")
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "PASS" in run.stdout
+    assert "PASS" in run.stdout and "(seed 0)" in run.stdout
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +55,8 @@ def bug_run(tmp_path_factory):
 def test_bug_exits_1_with_shrunk_program_oracle_and_state(bug_run):
     _, run = bug_run
     assert run.returncode == 1, run.stdout + run.stderr
-    assert "oracle 'free_count' fired" in run.stdout
-    assert "free(seq=" in run.stdout and "<-- free_count" in run.stdout
+    assert "oracle 'block_range' fired" in run.stdout
+    assert "add(seq=" in run.stdout and "<-- block_range" in run.stdout
     assert "num_free_blocks() =" in run.stdout
 
 
@@ -48,13 +65,16 @@ def test_bug_exits_1_with_shrunk_program_oracle_and_state(bug_run):
     ("no_such_module_xyz:factory", "cannot import 'no_such_module_xyz'"),
     ("bad_subjects:BOOM", "not a callable factory"),
     ("bad_subjects:raising", "raised RuntimeError: boom"),
+    ("bad_subjects:exiting", "factory called sys.exit(4)"),
     ("bad_subjects:missing", "has no attribute 'missing'"),
     ("bad_subjects:incomplete", "lacks protocol method(s) append"),
+    ("./bad_subjects.py:raising", "is a file path; give a module name: 'bad_subjects:raising'"),
 ])
 def test_usage_errors_exit_2_with_the_reason(tmp_path, target, reason):
     (tmp_path / "bad_subjects.py").write_text(
-        "BOOM = 3\n"
+        "import sys\nBOOM = 3\n"
         "def raising(**config):\n    raise RuntimeError('boom')\n"
+        "def exiting(**config):\n    sys.exit(4)\n"
         "class incomplete:\n    def __init__(self, **config): pass\n"
         "    def add(self, s, t): return 0\n    def fork(self, p, c): pass\n    def free(self, s): pass\n"
         "    def block_table(self, s): return []\n    def num_free_blocks(self): return 0\n")
@@ -63,14 +83,54 @@ def test_usage_errors_exit_2_with_the_reason(tmp_path, target, reason):
     assert reason in run.stderr
 
 
+@pytest.mark.parametrize("args, says", [
+    (["--seconds", "nan"], "--seconds must be a number in (0, 2592000], got nan"),
+    (["--seconds", "inf"], "--seconds must be a number in (0, 2592000], got inf"),
+    (["--seconds", "0"], "--seconds must be a number"),
+    (["--max-examples", "0"], "--max-examples must be an integer in [1, 1000000000], got 0"),
+    (["--workers", "0"], "--workers must be an integer in [1, 256], got 0"),
+    (["--workers", "100000"], "--workers must be an integer in [1, 256]"),
+    (["--seed", "-1"], "--seed must be an integer in [0, 18446744073709551615], got -1"),
+    (["--seed", str(2**64)], "--seed must be an integer"),
+    (["--call-timeout", "-inf"], "--call-timeout must be a number in (0, 3600]"),
+    (["--call-timeout", "nan"], "--call-timeout must be a number in (0, 3600]"),
+])
+def test_every_numeric_option_has_a_range(args, says):
+    run = invoke("spec", *args)
+    assert run.exit_code == 2, run.output
+    assert says in run.output
+
+
+@pytest.mark.parametrize("field, value", [("max_examples", True), ("max_examples", 2.0), ("workers", 10**400),
+                                          ("seconds", float("nan")), ("seed", "1")])
+def test_the_api_checks_the_same_ranges(field, value):
+    with pytest.raises(UsageError, match=field.replace("_", "-")):
+        checked(Options("spec", **{field: value}))
+
+
+def test_an_adapters_import_error_shows_its_traceback_on_request(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "adapter_with_a_bad_import.py").write_text("import os\nfrom os import no_such_name_xyz\n")
+    short = invoke("adapter_with_a_bad_import:make")
+    assert short.exit_code == 2 and "cannot import 'adapter_with_a_bad_import'" in short.output
+    assert "--traceback shows where" in short.output and "Traceback" not in short.output
+    full = invoke("adapter_with_a_bad_import:make", "--traceback")
+    assert full.exit_code == 2
+    assert "Traceback" in full.output and 'adapter_with_a_bad_import.py", line 2' in full.output
+
+
 def test_regression_file_fails_against_the_bug_and_passes_once_fixed(bug_run):
     where, _ = bug_run
-    [name] = os.listdir(where / "regressions")
+    [name] = [name for name in os.listdir(where / "regressions") if name.endswith(".py")]
     path = where / "regressions" / name
     replay = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path)]
     failing = subprocess.run(replay, cwd=where, capture_output=True, text=True, timeout=120)
-    assert failing.returncode == 1 and "free_count" in failing.stdout, failing.stdout
-    path.write_text(path.read_text().replace(f"TARGET = {BUG!r}", "TARGET = 'bug_zoo:Reference'"))
+    assert failing.returncode == 1 and "block_range" in failing.stdout, failing.stdout
+    data_path = path.with_suffix(".json")
+    data = json.loads(data_path.read_text())
+    assert data["target"] == BUG
+    data_path.write_text(json.dumps({**data, "target": "bug_zoo:Reference"}))
     fixed = subprocess.run(replay, cwd=where, capture_output=True, text=True, timeout=120)
     assert fixed.returncode == 0, fixed.stdout
 
@@ -78,24 +138,201 @@ def test_regression_file_fails_against_the_bug_and_passes_once_fixed(bug_run):
 def test_json_and_junit_reports(bug_run):
     where, _ = bug_run
     result = json.loads((where / "out.json").read_text())
-    assert result["passed"] is False and result["failure"]["oracle"] == "free_count"
-    assert result["failure"]["program"] and result["tally"]["examples"] > 0
+    assert result["passed"] is False and result["failure"]["oracle"] == "block_range"
+    assert result["failure"]["program"] and result["tally"]["examples"] > 0 and result["seed"] == 0
     suite = ET.parse(where / "out.xml").getroot()
     assert suite.get("failures") == "1"
-    assert "free_count" in suite.find("testcase/failure").get("message")
+    assert "block_range" in suite.find("testcase/failure").get("message")
 
 
-def test_two_workers_share_a_directory_database(tmp_path):
+# ---------------------------------------------------------------------- seeds
+
+def campaign(tmp_path, **options) -> dict:
+    """An in-process campaign's result as its JSON report says it."""
+    out = tmp_path / f"out{len(os.listdir(tmp_path))}.json"
+    with open(os.devnull, "w") as quiet:
+        run_campaign(Options(db=str(tmp_path / "db"), json_path=str(out), **options), out=quiet)
+    return json.loads(out.read_text())
+
+
+def test_the_ci_profile_draws_the_same_programs_on_every_run(tmp_path):
+    first, second = (fuzz(tmp_path, "spec", "--max-examples", "15", "--db", f"db{i}") for i in (1, 2))
+    assert first.returncode == second.returncode == 0
+    assert first.stdout.splitlines()[0].split(" in ")[0] == second.stdout.splitlines()[0].split(" in ")[0]
+
+
+def test_a_seed_fixes_a_campaign_and_different_seeds_draw_differently(tmp_path):
+    drawn = campaign(tmp_path, target="spec", profile="dev", max_examples=15)
+    assert 0 <= drawn["seed"] < 2**32
+    again = campaign(tmp_path, target="spec", profile="dev", max_examples=15, seed=drawn["seed"])
+    other = campaign(tmp_path, target="spec", profile="dev", max_examples=15, seed=drawn["seed"] + 1)
+    assert again["tally"] == drawn["tally"]
+    assert other["tally"] != drawn["tally"]
+
+
+# ---------------------------------------------------------------------- shrinking and findings
+
+NOISE = [("append", [1_000_007, 0]), ("free", [1_000_008]), ("add", [7, [3]]), ("free", [7]), ("free", [7]),
+         ("block_table", [1_000_009])]
+ESSENCE = [("add", [1, [0, 0]]), ("add", [2, [0, 0]]), ("free", [1])]   # FreeStillShared at block size 1
+
+
+def test_steps_that_change_nothing_are_shrunk_away():
+    config = {"num_blocks": 3, "block_size": 1, "prefix_caching": True, "num_cpu_blocks": 0}
+    padded = [NOISE[0], ESSENCE[0], NOISE[1], NOISE[2], NOISE[3], ESSENCE[1], NOISE[4], NOISE[5], ESSENCE[2]]
+    subject = Subject("bug_zoo:FreeStillShared", bug_zoo.FreeStillShared, bug_zoo.FreeStillShared.capabilities)
+    with pytest.raises(OracleFailure) as caught:
+        replay_guarded(subject, config, padded)
+    failure = {"oracle": caught.value.oracle, "message": caught.value.message, **caught.value.report}
+    assert failure["oracle"] == "free_count" and len(failure["program"]) == len(padded)
+    shrunk = drop_needless_steps(subject, failure)
+    assert shrunk["oracle"] == "free_count"
+    assert [tuple(step) for step in shrunk["program"]] == [tuple(step) for step in ESSENCE]
+    assert len(shrunk["trace"]) == len(ESSENCE)
+
+
+CRASHES = """
+import sys
+import bug_zoo
+
+class KeyErrorAtFirstAdd(bug_zoo.Reference):
+    def add(self, seq_id, tokens):
+        raise KeyError(seq_id)
+
+class ForkTypeError(bug_zoo.Reference):
+    def fork(self, parent_id, child_id):
+        raise TypeError("fork() got confused")
+
+class ExitsOnFree(bug_zoo.Reference):
+    def free(self, seq_id):
+        sys.exit(0)
+
+class SpinsOnAppend(bug_zoo.Reference):
+    def append(self, seq_id, token):
+        while True:
+            pass
+"""
+
+
+@pytest.fixture
+def crashes(tmp_path, monkeypatch):
+    """A module of crashing subjects in a fresh working directory (the adapter beside its user)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "crashing_subjects.py").write_text(CRASHES)
+    yield tmp_path
+    sys.modules.pop("crashing_subjects", None)
+
+
+@pytest.mark.parametrize("bug, method", [("KeyErrorAtFirstAdd", "add"), ("ForkTypeError", "fork")])
+def test_a_crash_keeps_its_step_and_its_regression_fails_until_fixed(crashes, bug, method):
+    result = campaign(crashes, target=f"crashing_subjects:{bug}", save_regression="regressions")
+    failure = result["failure"]
+    assert failure["oracle"] == "crash" and failure["program"][-1][0] == method
+    regression = crashes / result["regression"]
+    data = json.loads(regression.with_suffix(".json").read_text())
+    assert data["program"] == failure["program"] and data["program"]       # never PROGRAM = []
+    assert data["trace"][-1].startswith(f"{method}(") and data["trace"][-1].endswith("-> did not complete")
+    assert regression.read_text() == REGRESSION_TEST   # what pytest runs: test_regression_file_fails_... runs one
+    with pytest.raises(OracleFailure, match=r"\[crash\]"):
+        replay_regression(regression.with_suffix(".json"))
+    regression.with_suffix(".json").write_text(json.dumps({**data, "target": "bug_zoo:Reference"}))
+    replay_regression(regression.with_suffix(".json"))
+
+
+def test_a_subject_calling_sys_exit_is_a_finding(crashes):
+    failure = campaign(crashes, target="crashing_subjects:ExitsOnFree")["failure"]
+    assert failure["oracle"] == "crash" and failure["message"] == "free called sys.exit(0)"
+
+
+def test_a_call_that_never_returns_is_reported_not_waited_for(crashes):
+    failure = campaign(crashes, target="crashing_subjects:SpinsOnAppend", call_timeout=0.1)["failure"]
+    assert failure["oracle"] == "timeout" and failure["message"] == "append did not return within 0.1 s"
+    assert failure["program"][-1][0] == "append"
+
+
+# ---------------------------------------------------------------------- where modules come from
+
+PLANTED = "open('PLANTED_MODULE_RAN', 'w').close()\n"
+
+
+def test_builtin_targets_never_import_from_the_working_directory(tmp_path):
+    (tmp_path / "redis.py").write_text(PLANTED)
+    (tmp_path / "pagedkv_probe.py").write_text(PLANTED)
+    unreachable = "redis://127.0.0.1:9/0"   # nothing listens on the discard port: falls back, imports redis
+    run = fuzz(tmp_path, "spec", "--max-examples", "3", "--db", unreachable)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "unreachable" in run.stdout
+    assert not (tmp_path / "PLANTED_MODULE_RAN").exists()
+
+
+def test_resolving_a_builtin_target_leaves_sys_path_alone(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    before = list(sys.path)
+    resolve("spec")
+    assert sys.path == before
+
+
+def test_a_module_target_imports_from_the_working_directory_without_shadowing(tmp_path, monkeypatch):
+    import importlib.util
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    (tmp_path / "redis.py").write_text(PLANTED)
+    (tmp_path / "local_adapter_xyz.py").write_text("from bug_zoo import Reference as make\n")
+    assert resolve("local_adapter_xyz:make").factory is bug_zoo.Reference
+    assert sys.path[-1] == str(tmp_path)
+    assert importlib.util.find_spec("redis").origin != str(tmp_path / "redis.py")
+    sys.modules.pop("local_adapter_xyz", None)
+
+
+# ---------------------------------------------------------------------- directory databases
+
+def test_a_regular_file_as_db_is_a_usage_error(tmp_path):
+    (tmp_path / "not_a_dir").write_text("")
+    run = invoke("spec", "--db", str(tmp_path / "not_a_dir"))
+    assert run.exit_code == 2 and "exists and is not a directory" in run.output
+    run = invoke("spec", "--db", str(tmp_path / "not_a_dir" / "below"))
+    assert run.exit_code == 2 and "cannot create the directory" in run.output
+
+
+def test_non_regular_entries_in_a_directory_database_are_never_opened(tmp_path):
+    database = RegularFilesDatabase(tmp_path / "db")
+    database.save(b"key", b"saved example")
+    [entry] = [path for path in (tmp_path / "db").glob("*/*") if path.read_bytes() == b"saved example"]
+    folder = entry.parent
+    os.mkfifo(folder / "fifo")
+    os.symlink(folder / "fifo", folder / "link_to_fifo")
+    os.symlink(entry, folder / "link_to_file")
+    (folder / "a_directory").mkdir()
+    fetched = []
+    reader = threading.Thread(target=lambda: fetched.extend(database.fetch(b"key")), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert not reader.is_alive(), "fetch blocked on a FIFO"
+    assert fetched == [b"saved example"]
+
+
+def test_open_database_directory_and_default(tmp_path):
+    database, label, note = open_database(str(tmp_path / "fresh"))
+    assert isinstance(database, RegularFilesDatabase) and label == str(tmp_path / "fresh") and note == ""
+    assert (tmp_path / "fresh").is_dir()
+
+
+def test_two_workers_share_a_directory_database_that_holds_a_fifo(tmp_path):
     first = fuzz(tmp_path, BUG, "--workers", "2", "--db", "shared", "--json", "first.json")
     assert first.returncode == 1, first.stdout + first.stderr
-    assert os.listdir(tmp_path / "shared"), "the counterexample was not saved"
-    second = fuzz(tmp_path, BUG, "--workers", "2", "--max-examples", "1", "--db", "shared", "--json", "second.json")
-    assert second.returncode == 1
+    folders = [entry for entry in (tmp_path / "shared").iterdir() if entry.is_dir()]
+    assert folders, "the counterexample was not saved"
+    for folder in folders:
+        os.mkfifo(folder / "planted_fifo")   # would block every campaign's replay phase on open()
+    second = fuzz(tmp_path, BUG, "--max-examples", "1", "--db", "shared", "--json", "second.json")
+    assert second.returncode == 1, second.stdout + second.stderr
     assert json.loads((tmp_path / "second.json").read_text())["failure"]["found_in"] == "replay"
 
 
 def test_seconds_budget_runs_until_time_is_up(tmp_path):
-    run = fuzz(tmp_path, "spec", "--seconds", "3", "--db", "db", "--json", "out.json")
+    run = fuzz(tmp_path, "spec", "--seconds", "2", "--db", "db", "--json", "out.json")
     assert run.returncode == 0
     result = json.loads((tmp_path / "out.json").read_text())
-    assert result["seconds"] >= 3 and result["tally"]["runs"] >= 1
+    assert result["seconds"] >= 2 and result["tally"]["runs"] >= 1
