@@ -13,6 +13,8 @@ ORACLES = {
     "cow_exact": "append() returns one copy exactly when it writes into a shared, partly filled tail",
     "table_shape": "a running sequence of n tokens holds ceil(n / block_size) blocks",
     "crash": "the subject raises nothing but pagedkv errors",
+    "protocol": "each method returns what the protocol says (add an int, append a list of (src, dst) pairs, ...)",
+    "timeout": "every call returns within the call timeout (pagedkv fuzz --call-timeout)",
 }
 
 

@@ -4,6 +4,14 @@ A factory takes `num_blocks`, `block_size`, `prefix_caching`, `num_cpu_blocks` a
 a subject with the protocol methods (docs/design.md, "The conformance protocol"). Resolving builds one
 small probe subject, so a factory that cannot be imported, called or that lacks methods is reported
 here, as a `UsageError` with the reason, before any fuzzing starts.
+
+Where modules come from: the built-in targets (`NAMED`) import only installed packages, so resolving
+them leaves `sys.path` alone, and nothing in an untrusted working directory (a planted `redis.py`,
+say) is ever imported by `pagedkv fuzz spec`. A `module:factory` target is the user's own adapter,
+usually a file in the directory they run from (the `pagedkv` script does not put that directory on
+`sys.path` the way `python -m` does), so for those targets only, the working directory is *appended*
+to `sys.path`: the adapter and the files beside it import, and none of them can shadow an installed
+module.
 """
 
 import importlib
@@ -11,6 +19,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+from .guard import Deadline, SubjectFault
 from .harness import CAPABILITIES, DEFAULT_CAPABILITIES, PROTOCOL, SWAP_PROTOCOL
 
 NAMED = {
@@ -39,6 +48,7 @@ def resolve(target: str) -> Subject:
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
         raise UsageError(f"bad target {target!r}: use 'spec', 'impl' or 'module:factory'")
+    _refuse_file_path(target, module_name, attr)
     module = _import(target, module_name)
     factory = module
     for part in attr.split("."):
@@ -52,9 +62,18 @@ def resolve(target: str) -> Subject:
     return Subject(target, factory, capabilities, "" if target in NAMED else where)
 
 
+def _refuse_file_path(target: str, module_name: str, attr: str) -> None:
+    """`./mine.py:make` names a file, and a file can be imported under many module names: ask for one."""
+    if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
+        folder, file = os.path.split(os.path.abspath(module_name))
+        name = file[:-3] if file.endswith(".py") else file
+        raise UsageError(f"target {target!r} is a file path; give a module name: '{name}:{attr}', run from "
+                         f"{folder} (or with that folder on PYTHONPATH)")
+
+
 def _import(target: str, module_name: str):
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # like `python -m`: modules next to the caller import
+    if target not in NAMED and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())  # the user's adapter beside them imports; it shadows nothing installed
     try:
         return importlib.import_module(module_name)
     except Exception as error:  # any import failure is the user's to fix: say which and why
@@ -64,11 +83,14 @@ def _import(target: str, module_name: str):
 
 
 def _probe(target: str, factory) -> frozenset:
+    call = f"factory({', '.join(f'{k}={v!r}' for k, v in PROBE.items())})"
     try:
-        subject = factory(**PROBE)
+        with Deadline() as deadline:
+            subject = deadline.call("factory", lambda: factory(**PROBE))
+    except SubjectFault as fault:  # a hang or a sys.exit while probing
+        raise UsageError(f"target {target!r}: {call}: {fault}") from fault
     except Exception as error:
-        raise UsageError(f"target {target!r}: factory({', '.join(f'{k}={v!r}' for k, v in PROBE.items())}) "
-                         f"raised {type(error).__name__}: {error}") from error
+        raise UsageError(f"target {target!r}: {call} raised {type(error).__name__}: {error}") from error
     capabilities = frozenset(getattr(subject, "capabilities", DEFAULT_CAPABILITIES))
     if not capabilities <= CAPABILITIES:
         raise UsageError(f"target {target!r}: unknown capabilities {sorted(capabilities - CAPABILITIES)}; "
