@@ -108,13 +108,13 @@ OUT_OF_MEMORY = ("Out of memory", "Prefill out of memory", "Decode out of memory
 
 
 @functools.lru_cache(maxsize=None)
-def engine():
-    """SGLang's modules under test: the normal install if it is 0.5.23, else the private load."""
+def engine(modules: tuple = MODULES):
+    """SGLang's `modules`: the normal install if it is 0.5.23, else the private load (module docstring)."""
     if wheels.importable("sglang", VERSION):
-        return wheels.installed(MODULES)
+        return wheels.installed(modules)
     roots = [wheels.install("sglang", VERSION, keep=_sources)]
     roots += [wheels.install(name, version) for name, version in DEPENDENCIES]
-    loaded = wheels.load(roots, PACKAGES, MODULES, STUBS)
+    loaded = wheels.load(roots, PACKAGES, modules, STUBS)
     # The allocation functions log an error and print the whole tree before raising out of memory;
     # the adapter reports that as OutOfBlocks, so the log line is noise in a fuzz run.
     logging.getLogger("sglang.srt.mem_cache.allocation").setLevel(logging.CRITICAL)
