@@ -34,7 +34,16 @@ same program, so each K/V tile is loaded once per group. The program's BLOCK_M r
 "(query token, head in group)" pairs of ONE sequence, row r <-> token r // G, head r % G, so any G
 works (non-powers of two, G larger than the tile: the group is then spread over several tiles).
 Grid = (row tiles, Hkv, splits). The key tile size BLOCK_N is independent of the cache block size:
-each token j is gathered through the table as (tables[i, j // B], j % B), so any B >= 1 works.
+each token j is gathered through the table as (tables[i, j // B], j % B), so any B >= 1 works; B
+is a compile-time constant (BLOCK_SIZE), so for a power of two the division is a shift.
+
+Row tiles are never listed on the host. Decode (DECODE_TILES): every sequence has one query, so
+it owns the same ceil(G / BLOCK_M) tiles and a program finds its sequence from its id. Prefill:
+``build_prefill_tiles`` builds the list on the device from query_start_loc, over a grid sized by
+a host-side bound; the surplus tiles are padding with an empty key range. A launch therefore
+needs no value of any index tensor, which keeps it free of device-to-host copies and capturable
+in a CUDA graph. As a second line behind the host checks, each length is clamped to the table
+capacity and each query row to q's rows, so unchecked values cannot address outside them.
 
 Split-KV (flash-decoding): with NUM_SPLITS > 1 the key range of each tile is cut into NUM_SPLITS
 chunks; each program writes its normalised partial output and its log-sum-exp (base 2), and
