@@ -95,11 +95,13 @@ class Deadline:
         self.in_call = False        # a stray expiry outside a call is ignored
         self.entered = False
         self.backstop_armed_at = None
-        self.previous_handler = None
+        self.previous_handler, self.previous_timer, self.entered_at = None, (0.0, 0.0), 0.0
 
     def __enter__(self):
         self.entered = True
         if threading.current_thread() is threading.main_thread():
+            # someone else's timer (pytest-timeout's signal method, say) is paused, and resumed on exit
+            self.previous_timer, self.entered_at = signal.getitimer(signal.ITIMER_REAL), time.monotonic()
             self.previous_handler = signal.signal(signal.SIGALRM, self._expired)
             self.timer = True
         return self
@@ -108,6 +110,10 @@ class Deadline:
         if self.timer:
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, self.previous_handler)
+            delay, interval = self.previous_timer
+            if delay:
+                left = max(delay - (time.monotonic() - self.entered_at), 1e-3)  # overdue: fire at once
+                signal.setitimer(signal.ITIMER_REAL, left, interval)
             self.timer = False
         if self.backstop_armed_at is not None:
             faulthandler.cancel_dump_traceback_later()

@@ -108,6 +108,20 @@ def test_a_fast_subject_is_never_timed_out_and_the_timer_is_disarmed_after():
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
+def test_a_timer_set_before_the_run_is_resumed_after_it():
+    import signal
+    fired = []
+    previous = signal.signal(signal.SIGALRM, lambda *_: fired.append(True))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 30)
+        replay_guarded(subject(bug_zoo.Reference), CONFIG, PROGRAM, 5.0)
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 20 < left <= 30 and not fired
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def test_off_the_main_thread_calls_run_untimed_but_guarded():
     outcome = {}
 
