@@ -258,6 +258,10 @@ def main(argv=None) -> int:
     gen = torch.Generator().manual_seed(0)
     copy_bw = copy_bandwidth_gbps(device, on_gpu)
     results = []
+    record = dict(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), device=dev_name,
+                  gpu_result=on_gpu, command=" ".join([os.path.basename(sys.executable), *sys.argv]),
+                  torch=torch.__version__, triton=__import__("triton").__version__,
+                  copy_bandwidth_gbps=round(copy_bw, 1), results=results)
     for cfg in grid("smoke" if args.smoke else args.grid, on_gpu):
         row_cfg = {k: v for k, v in cfg.items() if k != "flex"}
         try:
@@ -266,14 +270,11 @@ def main(argv=None) -> int:
             results.append(dict(row_cfg, error="out of memory"))
         if on_gpu:
             torch.cuda.empty_cache()
+        if args.json:  # after every row: a run cut short by a time limit still leaves its rows
+            with open(args.json, "w") as out:
+                json.dump(record, out, indent=2)
     print_table(results, dev_name, copy_bw, on_gpu)
-    record = dict(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), device=dev_name,
-                  gpu_result=on_gpu, command=" ".join([os.path.basename(sys.executable), *sys.argv]),
-                  torch=torch.__version__, triton=__import__("triton").__version__,
-                  copy_bandwidth_gbps=round(copy_bw, 1), results=results)
     if args.json:
-        with open(args.json, "w") as out:
-            json.dump(record, out, indent=2)
         print(f"wrote {args.json}")
     return 0
 

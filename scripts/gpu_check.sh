@@ -1,51 +1,140 @@
 #!/usr/bin/env bash
-# GPU check of the kernels: the GPU-marked kernel tests, the whole kernel suite natively on CUDA,
-# and the benchmark. Results land in $OUT (default ./gpu_results/<UTC date>), with the date, the
-# device and the exact commands, ready to commit.
+# The GPU check of issue 17, in ONE call that fits 10 minutes and writes exactly 8 files under $OUT:
 #
-#   OUT=/some/dir scripts/gpu_check.sh            # full benchmark grid
-#   QUICK=1 scripts/gpu_check.sh                  # small benchmark grid (fits a 10-minute slot)
+#   env.txt           date, device, driver, versions, commit, how pagedkv was installed, imports
+#   kernel_tests.txt  pytest tests/kernels (fp32, fp16, bf16, the gpu-marked larger shapes) + the kit's tests
+#   checks.json       pagedkv check --only kernels --only kernel-state on CUDA (JSON; table in summary)
+#   replay.txt        one generated corpus replayed against pagedkv's kernels, the kit's minimal kernel
+#                     and its planted tile-offset twin (which must FAIL), in fp32/fp16/bf16
+#   demo.txt          pagedkv demo (the engine scenarios) on CUDA
+#   probes.txt        compute-sanitizer memcheck over NaN-poisoned cases on exactly-sized caches,
+#                     then a CUDA-graph capture and replay of a decode step
+#   bench.json        bench/kernels.py (written after every row, so a cut-short run keeps its rows)
+#   summary.txt       every command with its exit status and the tails that matter, the bench table
+#
+# The device is offline (Python 3.12, torch, Triton, numpy, pytest, hypothesis, rich, click, xxhash;
+# no z3-solver, crosshair-tool, redis, matplotlib): pagedkv installs with --no-deps, and if even that
+# is impossible (no setuptools) it is put on PYTHONPATH as a tree of links. Each step has its own
+# time limit (T_* below, seconds; they sum to ~560) so one slow step cannot eat the others.
+#
+#   OUT=/some/dir scripts/gpu_check.sh        # default OUT: gpu_results/<UTC time>
+#   CPU_DRY_RUN=1 KERNEL_TESTS=tests/kernels/test_check.py scripts/gpu_check.sh
+#                                             # every step on a CPU (interpreter, bench --smoke): tests the script
 set -uo pipefail
-cd "$(dirname "$0")/.."
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT"
 OUT="${OUT:-gpu_results/$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$OUT"
+T_TESTS="${T_TESTS:-190}" T_CHECK="${T_CHECK:-90}" T_REPLAY="${T_REPLAY:-50}" T_DEMO="${T_DEMO:-30}"
+T_PROBES="${T_PROBES:-70}" T_BENCH="${T_BENCH:-130}" BENCH_GRID="${BENCH_GRID:-full}"
+KERNEL_TESTS="${KERNEL_TESTS:-tests/kernels tests/fuzz/test_kernel_kit.py}"
+CPU_DRY_RUN="${CPU_DRY_RUN:-0}"
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
 
-python - <<'PY' > "$OUT/env.txt" 2>&1
-import datetime, torch, triton, platform
-print("date:", datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+# ---- install (no registry) ------------------------------------------------------------------------
+install_note="already importable"
+if ! python -c "import pagedkv.kernels" >/dev/null 2>&1; then
+    if pip install --no-deps --no-build-isolation -e . >/tmp/pagedkv_install.log 2>&1; then
+        install_note="pip install --no-deps --no-build-isolation -e ."
+    else
+        # The package maps rooms to folders (pyproject [tool.setuptools.package-dir]): mirror that map.
+        tree=/tmp/pagedkv_tree/pagedkv
+        rm -rf /tmp/pagedkv_tree && mkdir -p "$tree"
+        ln -s "$ROOT"/cli/top/*.py "$tree/"
+        for room in cli spec impl kernels proofs fuzz; do ln -s "$ROOT/$room" "$tree/$room"; done
+        export PYTHONPATH="/tmp/pagedkv_tree${PYTHONPATH:+:$PYTHONPATH}"
+        install_note="pip failed ($(tail -n 1 /tmp/pagedkv_install.log)); PYTHONPATH link tree /tmp/pagedkv_tree"
+    fi
+fi
+export PYTHONUNBUFFERED=1
+
+# run NAME LIMIT FILE CMD...: run CMD under a time limit, output to FILE, status to the summary
+run() {
+    local name="$1" limit="$2" file="$3"; shift 3
+    echo "\$ $*" >> "$file"
+    local start=$SECONDS
+    timeout --kill-after=5 "$limit" "$@" >> "$file" 2>&1
+    local rc=$?
+    local why=""; [ $rc -eq 124 ] || [ $rc -eq 137 ] && why=" (TIME LIMIT ${limit}s)"
+    echo "[$name] exit $rc$why in $((SECONDS - start))s: $*" | tee -a "$SUMMARY"
+    return $rc
+}
+
+# ---- 1. environment ---------------------------------------------------------------------------------
+{
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown) $(git status --porcelain 2>/dev/null | wc -l) changed paths"
+    echo "install: $install_note"
+    nvidia-smi -L 2>&1 || echo "nvidia-smi: not found"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv 2>&1 || true
+    python - <<'PY'
+import importlib.util, platform, torch, triton
+print("python", platform.python_version(), "| torch", torch.__version__, "cuda", torch.version.cuda,
+      "| triton", triton.__version__)
 print("device:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "NO CUDA DEVICE")
-print("torch:", torch.__version__, "cuda:", torch.version.cuda, "triton:", triton.__version__)
-print("python:", platform.python_version())
+for name in ("numpy", "pytest", "hypothesis", "rich", "click", "xxhash", "z3", "crosshair", "redis", "matplotlib"):
+    print(f"  {name}: {'present' if importlib.util.find_spec(name) else 'absent'}")
+import pagedkv.kernels, pagedkv.fuzz.kernel_kit.check  # the kernel suite needs neither z3 nor crosshair
+print("pagedkv kernels and kernel kit import: ok")
 PY
-cat "$OUT/env.txt"
-if ! python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    echo "no CUDA device: nothing to do (CPU runs use: pytest -n 2 tests/kernels)" | tee "$OUT/summary.txt"
+    SAN="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)"
+    echo "compute-sanitizer: ${SAN:-not found}"
+    [ -n "$SAN" ] && "$SAN" --version 2>&1 | tail -n 1
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt" >> "$SUMMARY"
+if [ "$CPU_DRY_RUN" != 1 ] && ! python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "no CUDA device: nothing to measure (CPU runs: pytest tests/kernels; bench/kernels.py --smoke)" | tee -a "$SUMMARY"
     exit 2
 fi
-git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true
-
+SAN="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)"
+PROBE_DTYPE=bfloat16; [ "$CPU_DRY_RUN" = 1 ] && PROBE_DTYPE=float32   # the interpreter has no bfloat16
 status=0
-cmd1="python -m pytest -q -m gpu tests/kernels --junitxml=$OUT/gpu_tests.xml"
-echo "\$ $cmd1" | tee "$OUT/gpu_tests.txt"
-$cmd1 2>&1 | tee -a "$OUT/gpu_tests.txt" || status=1
 
-cmd2="python -m pytest -q tests/kernels -m 'not gpu' --junitxml=$OUT/tests.xml"
-echo "\$ $cmd2" | tee "$OUT/tests.txt"
-python -m pytest -q tests/kernels -m 'not gpu' --junitxml="$OUT/tests.xml" 2>&1 | tee -a "$OUT/tests.txt" || status=1
+# ---- 2. the kernel suite on CUDA: every dtype, the gpu-marked shapes, the kit ------------------------
+# shellcheck disable=SC2086  # KERNEL_TESTS is a list of paths
+run tests "$T_TESTS" "$OUT/kernel_tests.txt" python -m pytest -v --tb=short -p no:cacheprovider -rfE \
+    $KERNEL_TESTS || status=1
+grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$OUT/kernel_tests.txt" | tail -n 25 >> "$SUMMARY"
 
-bench_flags=""
-[ "${QUICK:-0}" = "1" ] && bench_flags="--quick"
-cmd3="python bench/kernels.py $bench_flags --json $OUT/bench.json"
-echo "\$ $cmd3" | tee "$OUT/bench.txt"
-$cmd3 2>&1 | tee -a "$OUT/bench.txt" || status=1
+# ---- 3. kernels + kernel-state checks on CUDA -------------------------------------------------------
+run checks "$T_CHECK" "$SUMMARY" python -m pagedkv check --only kernels --only kernel-state --profile ci \
+    --json "$OUT/checks.json" || status=1
 
-{
-    cat "$OUT/env.txt"
-    echo "commands:"; echo "  $cmd1"; echo "  $cmd2"; echo "  $cmd3"
-    echo "gpu tests: $(tail -n 1 "$OUT/gpu_tests.txt")"
-    echo "all tests: $(tail -n 1 "$OUT/tests.txt")"
-    grep -E "target|copy bandwidth" "$OUT/bench.txt" || true
-    echo "exit status: $status"
-} > "$OUT/summary.txt"
-cat "$OUT/summary.txt"
+# ---- 4. one corpus, several kernels ------------------------------------------------------------------
+CORPUS=/tmp/pagedkv_gpu_corpus
+rm -rf "$CORPUS"
+run corpus 40 "$OUT/replay.txt" python -m pagedkv gen-kernel-tests --out "$CORPUS" --count 30 --seed 17 \
+    --grid dev --dtype float32 --dtype float16 --dtype bfloat16 || status=1
+run replay "$T_REPLAY" "$OUT/replay.txt" python -m pagedkv.fuzz.kernel_kit.replay "$CORPUS" \
+    --kernel pagedkv --kernel pagedkv.fuzz.kernel_kit.minimal:factory --failures /tmp/pagedkv_gpu_failures.jsonl \
+    || status=1
+run planted "$T_REPLAY" "$OUT/replay.txt" python -m pagedkv.fuzz.kernel_kit.replay "$CORPUS" --dtype "$PROBE_DTYPE" \
+    --kernel pagedkv.fuzz.kernel_kit.minimal:tile_offset_bug --failures /tmp/pagedkv_gpu_planted.jsonl
+[ $? -eq 1 ] && echo "[planted] failed as it must (exit 1)" >> "$SUMMARY" \
+             || { echo "[planted] DID NOT FAIL: the corpus lost its teeth" >> "$SUMMARY"; status=1; }
+grep -E "passed, .* skipped, .* failed" "$OUT/replay.txt" >> "$SUMMARY"
+
+# ---- 5. the engine demo on CUDA -----------------------------------------------------------------------
+run demo "$T_DEMO" "$OUT/demo.txt" python -m pagedkv demo || status=1
+tail -n 12 "$OUT/demo.txt" >> "$SUMMARY"
+
+# ---- 6. memcheck on exactly-sized caches, then a CUDA graph ------------------------------------------
+if [ -n "$SAN" ]; then
+    run memcheck "$T_PROBES" "$OUT/probes.txt" env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$SAN" --tool memcheck \
+        --leak-check no --error-exitcode 3 python scripts/gpu_probes.py memcheck --dtype "$PROBE_DTYPE" || status=1
+else
+    echo "compute-sanitizer not found: memcheck cases run without it" >> "$OUT/probes.txt"
+    run memcheck "$T_PROBES" "$OUT/probes.txt" python scripts/gpu_probes.py memcheck --dtype "$PROBE_DTYPE" || status=1
+fi
+run graph 40 "$OUT/probes.txt" python scripts/gpu_probes.py graph --dtype "$PROBE_DTYPE" || status=1
+grep -E "^(ok|FAIL)|ERROR SUMMARY|Invalid" "$OUT/probes.txt" | head -n 20 >> "$SUMMARY"
+
+# ---- 7. the benchmark -----------------------------------------------------------------------------------
+bench_size=(--grid "$BENCH_GRID"); [ "$CPU_DRY_RUN" = 1 ] && bench_size=(--smoke)
+run bench "$T_BENCH" "$SUMMARY" python bench/kernels.py "${bench_size[@]}" --json "$OUT/bench.json" || status=1
+
+echo "exit status: $status" >> "$SUMMARY"
+ls "$OUT" >> "$SUMMARY"
+tail -n 60 "$SUMMARY"
 exit $status

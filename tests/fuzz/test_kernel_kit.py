@@ -223,3 +223,26 @@ def test_the_kernel_state_machine_runs_a_target_and_skips_what_it_does_not_decla
                      phases=[Phase.generate], suppress_health_check=list(HealthCheck))
     tally = run_kernel_machine("ci", settings=quick, target=load_kernel(MINIMAL))
     assert tally["decode_checks"] > 0 and tally["skipped_checks"] > 0 and tally["prefill_checks"] == 0
+
+
+AOT = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from pagedkv.fuzz.kernel_kit import minimal
+fn = minimal._minimal_decode_kernel
+for bug in (False, True):
+    consts = dict(HEAD_DIM=80, BLOCK_D=128, TILE_N=minimal.TILE, TILE_OFFSET_BUG=bug)
+    sig = {name: "constexpr" if name in consts else "*bf16" if name in ("q_ptr", "k_ptr", "v_ptr", "out_ptr")
+           else "*i32" if name.endswith("_ptr") else "fp32" if name == "scale" else "i32" for name in fn.arg_names}
+    triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32))
+print("compiled")
+"""
+
+
+def test_the_minimal_kernel_compiles_for_the_gpu():
+    """The interpreter runs the kernel's Python semantics only; the GPU compiler (sm_90, bf16, Triton's
+    own lowering) must accept it too, or the GPU runner's replay of it would crash."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    proc = subprocess.run([sys.executable, "-c", AOT], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-2000:]
