@@ -113,7 +113,7 @@ Progress goes to stderr. Ctrl-C stops the run, prints the checks that finished, 
 @click.option("--junit", "junit_path", type=OutputFile(dash=False), metavar="FILE", help="Write a JUnit XML report.")
 @click.option("--kernel", metavar="MODULE:FACTORY",
               help="Test this paged-attention kernel (a factory of the kernel protocol, or 'pagedkv') in the "
-                   "kernels and kernel-state checks [env: PAGEDKV_KERNEL].")
+                   "kernels and kernel-state checks (default: pagedkv's own kernels).")
 def check(profile, only, json_path, junit_path, kernel):
     import pagedkv.fuzz.profiles  # noqa: F401  registers the Hypothesis profiles
     from pagedkv.cli.progress import Step, StepProgress
