@@ -25,8 +25,12 @@ from .harness import CAPABILITIES, DEFAULT_CAPABILITIES, PROTOCOL, SWAP_PROTOCOL
 NAMED = {
     "spec": "pagedkv.spec.kvspec:KVSpec",
     "impl": "pagedkv.impl:BlockManager",
+    "vllm": "pagedkv.fuzz.adapters.vllm_v1:make",     # vLLM 0.33.0's v1 KVCacheManager (fuzz/adapters/vllm_v1.py)
     "sglang": "pagedkv.fuzz.adapters.sglang:make",   # SGLang 0.5.23's radix cache (fuzz/adapters/sglang.py)
 }
+#: Built-in targets that take a release, `NAME@VERSION` (`vllm@0.4.2`): the function named here returns
+#: that release's factory (installing its wheel into pagedkv's wheel cache) or raises ValueError.
+RELEASED = {"vllm": "pagedkv.fuzz.adapters.vllm_v0:release"}
 PROBE = {"num_blocks": 2, "block_size": 2, "prefix_caching": False, "num_cpu_blocks": 0}
 
 
@@ -44,6 +48,9 @@ class Subject:
 
 def resolve(target: str) -> Subject:
     """The subject factory named by `target`, probed once. Raises UsageError with the reason."""
+    name, at, release = target.partition("@")
+    if at and name in RELEASED:
+        return _released(target, name, release)
     spec = NAMED.get(target, target)
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
@@ -69,6 +76,15 @@ def _refuse_file_path(target: str, module_name: str, attr: str) -> None:
         name = file[:-3] if file.endswith(".py") else file
         raise UsageError(f"target {target!r} is a file path; give a module name: '{name}:{attr}', run from "
                          f"{folder} (or with that folder on PYTHONPATH)")
+
+
+def _released(target: str, name: str, release: str) -> Subject:
+    module_name, _, attr = RELEASED[name].partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)(release)
+    except Exception as error:  # an unknown release, a failed wheel download: say which and why
+        raise UsageError(f"target {target!r}: {type(error).__name__}: {error}") from error
+    return Subject(target, factory, _probe(target, factory))
 
 
 def _import(target: str, module_name: str):
