@@ -1,16 +1,47 @@
-"""Argument checks of whole batches (the per-value checks are the spec's, `pagedkv.spec.arguments`)."""
+"""Argument checks of the production allocator (the per-value checks are the spec's,
+`pagedkv.spec.arguments`), which also *normalise*: what passes is a plain `int` or an int64 array.
+
+An `int` subclass passes the spec's checks, but may lie: its `__eq__`/`__hash__` could make it
+equal to another prompt's token or sequence id, and numpy converts it through `__int__`, which
+may disagree with its value. `int.__index__(x)` reads the value itself, so everything stored or
+looked up is a plain int.
+"""
 
 import numpy as np
 import torch
 
 from pagedkv.spec import InvalidArgument
-from pagedkv.spec.arguments import check_token, require
+from pagedkv.spec.arguments import MAX_TOKEN, check_seq_id, check_token, is_int, require
+
+TORCH_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+def plain_seq_id(seq_id) -> int:
+    check_seq_id(seq_id)
+    return seq_id if type(seq_id) is int else int.__index__(seq_id)
+
+
+def plain_token(token) -> int:
+    check_token(token)
+    return token if type(token) is int else int.__index__(token)
+
+
+def plain_seq_ids(seq_ids) -> list:
+    """A batch of sequence ids as a list of plain ints (a list, tuple or integer array)."""
+    if isinstance(seq_ids, (np.ndarray, torch.Tensor)):
+        require(seq_ids.ndim == 1 and _is_integer_array(seq_ids),
+                f"seq_ids must be a 1-d integer array, got {seq_ids.dtype}{list(seq_ids.shape)}")
+        return seq_ids.tolist()
+    require(isinstance(seq_ids, (list, tuple)), f"seq_ids must be a list, got {type(seq_ids).__name__}")
+    if set(map(type, seq_ids)) - {int}:
+        return [plain_seq_id(seq_id) for seq_id in seq_ids]
+    return seq_ids if type(seq_ids) is list else list(seq_ids)
 
 
 def check_prompt(tokens) -> np.ndarray:
-    """The prompt as int64, once every token is known to be a plain int in range."""
+    """The prompt as int64, once every token is known to be an int in range."""
     if not (isinstance(tokens, (list, tuple)) and len(tokens) > 0):
-        raise InvalidArgument(f"a prompt is a non-empty list of tokens, got {tokens!r}")
+        raise InvalidArgument(f"a prompt is a non-empty list of tokens, got {_short(tokens)}")
     if set(map(type, tokens)) == {int}:
         try:
             array = np.array(tokens, dtype=np.int64)
@@ -18,28 +49,76 @@ def check_prompt(tokens) -> np.ndarray:
                 return array
         except OverflowError:
             pass
-    for token in tokens:   # the slow path finds and names the bad token
-        check_token(token)
-    return np.array(tokens, dtype=np.int64)
+    return np.array([plain_token(token) for token in tokens], dtype=np.int64)   # names the bad one
 
 
 def check_token_batch(tokens) -> np.ndarray:
-    """A batch of tokens as int64: a list of ints, or an integer numpy array or tensor."""
+    """A batch of tokens as int64: a list of ints, or a 1-d integer numpy array or tensor."""
     if isinstance(tokens, torch.Tensor):
-        tokens = tokens.cpu().numpy()
+        require(tokens.dtype in TORCH_INT_DTYPES,
+                f"a token batch is an integer tensor, got {tokens.dtype}")
+        tokens = tokens.detach().cpu().numpy()
     if isinstance(tokens, np.ndarray):
-        if not (tokens.ndim == 1 and (tokens.dtype.kind in "iu" or tokens.size == 0)):
+        if not (tokens.ndim == 1 and (_is_integer_array(tokens) or tokens.size == 0)):
             raise InvalidArgument(f"a token batch is a 1-d integer array, got {tokens.dtype}{list(tokens.shape)}")
-        array = tokens.astype(np.int64)   # uint64 beyond int64 wraps negative and is refused
+        if tokens.dtype == np.uint64:
+            require(not (tokens > MAX_TOKEN).any(), "tokens are ints in 0..2**63-1")
+        array = tokens.astype(np.int64)
         require(not (array < 0).any(), "tokens are ints in 0..2**63-1")
         return array
     require(isinstance(tokens, (list, tuple)), f"tokens must be a list, got {type(tokens).__name__}")
     if set(map(type, tokens)) - {int}:
-        for token in tokens:
-            check_token(token)
+        tokens = [plain_token(token) for token in tokens]
     try:
         array = np.array(tokens, dtype=np.int64)
     except OverflowError:
         raise InvalidArgument("tokens are ints in 0..2**63-1") from None
-    require(not (array < 0).any(), "tokens are ints >= 0")
+    require(not (array < 0).any(), "tokens are ints in 0..2**63-1")
     return array
+
+
+def check_token_counts(num_tokens, lengths: np.ndarray) -> np.ndarray:
+    """`slot_mapping`'s `num_tokens`: one int for every sequence, or one int per sequence, each in
+    0..that sequence's length."""
+    if isinstance(num_tokens, (np.ndarray, torch.Tensor)):
+        require(num_tokens.ndim == 1 and _is_integer_array(num_tokens),
+                f"num_tokens must be a 1-d integer array, got {num_tokens.dtype}{list(num_tokens.shape)}")
+        num_tokens = num_tokens.tolist()
+    if isinstance(num_tokens, (list, tuple)):
+        require(len(num_tokens) == len(lengths),
+                f"num_tokens has {len(num_tokens)} counts for {len(lengths)} sequences")
+        require(all(map(is_int, num_tokens)), f"num_tokens are ints, got {_short(num_tokens)}")
+        counts = np.array([int.__index__(n) for n in num_tokens], dtype=np.int64) if num_tokens else \
+            np.zeros(0, dtype=np.int64)
+    else:
+        require(is_int(num_tokens), f"num_tokens is an int or a list of ints, got {num_tokens!r}")
+        counts = np.full(len(lengths), int.__index__(num_tokens), dtype=np.int64)
+    require(bool(((counts >= 0) & (counts <= lengths)).all()), "num_tokens must be in 0..length")
+    return counts
+
+
+def check_device(device) -> torch.device:
+    """The device tensors are handed out on: the CPU, or a CUDA device that exists."""
+    require(isinstance(device, (str, torch.device)), f"device must be a str or torch.device, got {device!r}")
+    try:
+        device = torch.device(device)
+    except RuntimeError:
+        raise InvalidArgument(f"unknown device {device!r}") from None
+    if device.type == "cuda":
+        require(torch.cuda.is_available(), "device 'cuda' asked for, but CUDA is not available")
+        require(device.index is None or device.index < torch.cuda.device_count(),
+                f"no CUDA device {device.index}: {torch.cuda.device_count()} present")
+        return device
+    require(device.type == "cpu", f"device must be 'cpu' or 'cuda', got {device}")
+    return device
+
+
+def _is_integer_array(array) -> bool:
+    if isinstance(array, torch.Tensor):
+        return array.dtype in TORCH_INT_DTYPES
+    return array.dtype.kind in "iu"
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -34,15 +34,17 @@ import torch
 
 from pagedkv.spec import (DuplicateSequence, InvalidArgument, InvalidState, InvariantViolation, OutOfBlocks,
                           StepResult, UnknownSequence)
-from pagedkv.spec.arguments import check_seq_id, check_step_tokens, check_token, is_int, require
+from pagedkv.spec.arguments import check_step_tokens, is_int, require
 from pagedkv.spec.blocks import blocks_needed
 
-from .arguments import check_prompt, check_token_batch
+from .arguments import (check_device, check_prompt, check_token_batch, check_token_counts, plain_seq_id,
+                        plain_seq_ids, plain_token)
 from .block_pool import BlockPool
 from .chain_hash import CHAIN_HASHES
 from .copies import Copies, PendingCopies
 from .cpu_pool import CpuPool
 from .invariants import invariant_problems
+from .journal import Journal, atomic
 from .prefix_cache import PrefixCache
 from .rows import RUNNING_CODE, STATUSES, SWAPPED_CODE, WAITING_CODE, RowTables
 
@@ -53,12 +55,14 @@ PREEMPT_MODES = ("recompute", "swap")
 class _Seq:
     """What a sequence holds beyond its row's arrays."""
     seq_id: int
+    created: int                                          # creation stamp: `seq_ids()` order
     cached_tokens: int = 0
     waiting_tokens: list = field(default_factory=list)   # only while waiting (it holds no blocks)
     cpu_block_table: list = field(default_factory=list)  # only while swapped
 
 
 def _locked(method):
+    """A query: under the lock, changes nothing."""
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         with self._lock:
@@ -68,7 +72,6 @@ def _locked(method):
 
 class BlockManager:
     capabilities = frozenset({"fork", "prefix_caching", "swap"})
-    row_tables = RowTables   # how rows are stored (a test swaps in a device-like mirror on CPU)
 
     def __init__(self, num_blocks: int, block_size: int, *, num_cpu_blocks: int = 0,
                  prefix_caching: bool = False, device="cpu", max_seqs: int = 256,
@@ -77,55 +80,63 @@ class BlockManager:
         require(is_int(block_size) and block_size >= 1, f"block_size must be >= 1, got {block_size!r}")
         require(is_int(num_cpu_blocks) and num_cpu_blocks >= 0,
                 f"num_cpu_blocks must be >= 0, got {num_cpu_blocks!r}")
+        require(isinstance(prefix_caching, bool), f"prefix_caching must be True or False, got {prefix_caching!r}")
         require(is_int(max_seqs) and max_seqs >= 1, f"max_seqs must be >= 1, got {max_seqs!r}")
         require(is_int(max_blocks_per_seq) and max_blocks_per_seq >= 1,
                 f"max_blocks_per_seq must be >= 1, got {max_blocks_per_seq!r}")
-        require(callable(hash_algo) or hash_algo in CHAIN_HASHES,
+        require(callable(hash_algo) or (isinstance(hash_algo, str) and hash_algo in CHAIN_HASHES),
                 f"hash_algo must be one of {tuple(CHAIN_HASHES)} or a chain-hash function, got {hash_algo!r}")
+        self.device = check_device(device)
         self.num_blocks, self.block_size, self.num_cpu_blocks = num_blocks, block_size, num_cpu_blocks
-        self.prefix_caching = bool(prefix_caching)
-        self.device = torch.device(device)
+        self.prefix_caching = prefix_caching
+        self.journal = Journal()
         chain_hash = hash_algo if callable(hash_algo) else CHAIN_HASHES[hash_algo]
-        self.cache = PrefixCache(chain_hash) if self.prefix_caching else None
-        self.pool = BlockPool(num_blocks, self.cache)
-        self.cpu_pool = CpuPool(num_cpu_blocks, block_size)
+        self.cache = PrefixCache(chain_hash, self.journal) if prefix_caching else None
+        self.pool = BlockPool(num_blocks, self.journal, self.cache)
+        self.cpu_pool = CpuPool(num_cpu_blocks, block_size, self.journal)
         self.block_tokens = np.zeros((num_blocks, block_size), dtype=np.int64)
-        self.rows = self.row_tables(max_seqs, max_blocks_per_seq, self.device)
+        self.rows = RowTables(max_seqs, max_blocks_per_seq, self.device, self.journal)
         self.row_of: dict = {}                # seq_id -> row, in creation order
-        self.copies = PendingCopies(self.device)
+        self.copies = PendingCopies(self.device, self.journal)
         self._admissions = 0
+        self._creations = 0
         self._last_batch = None               # (seq_ids, rows, rows.version): engines repeat batches
         self.stats = dict.fromkeys(("prompt_tokens", "cached_tokens", "copies", "swap_outs",
                                     "swap_ins", "preempt_recompute", "preempt_swap"), 0)
         self._lock = threading.RLock()
 
+    @atomic
+    def transaction(self, body):
+        """Run `body()` as one transaction with the manager's own: if it raises, every manager call
+        it made is undone (the Scheduler makes a whole step atomic with it)."""
+        return body()
+
     # ---------------------------------------------------------------- spec operations
 
-    @_locked
+    @atomic
     def add(self, seq_id: int, tokens: list) -> int:
         """Admit a prompt: ceil(len/B) blocks, the longest confirmed cached prefix shared.
         Returns the prompt tokens served from cache."""
-        check_seq_id(seq_id)
+        seq_id = plain_seq_id(seq_id)
         written = check_prompt(tokens)
         if seq_id in self.row_of:
             raise DuplicateSequence(seq_id)
-        hits, needed = self._plan_prompt(tokens)
+        hits, needed = self._plan_prompt(written)
         row = self._new_row(seq_id)
         self._place_prompt(row, written, hits, needed)
         return self.rows.seq[row].cached_tokens
 
-    @_locked
+    @atomic
     def append(self, seq_id: int, token: int) -> list:
         """Append one decoded token; returns the copy-on-write copies [(src, dst)]."""
-        check_token(token)
+        token = plain_token(token)
         row = self._running_row(seq_id)
         return self._append_rows(np.array([row]), np.array([token], dtype=np.int64))
 
-    @_locked
+    @atomic
     def fork(self, parent_id: int, child_id: int) -> None:
         """Start `child_id` sharing every block of running `parent_id` (ref count + 1 each)."""
-        check_seq_id(parent_id)
-        check_seq_id(child_id)
+        parent_id, child_id = plain_seq_id(parent_id), plain_seq_id(child_id)
         parent = self._row(parent_id)
         if child_id in self.row_of:
             raise DuplicateSequence(child_id)
@@ -134,92 +145,99 @@ class BlockManager:
         table = self.rows.table(parent)
         self.pool.share(table)
         child = self._new_row(child_id)
-        self.rows.seq_len[child] = self.rows.seq_len[parent]
+        self.journal.assign(self.rows.seq_len, child, self.rows.seq_len[parent])
         self.rows.set_table(child, table)
         self._make_running(child)
 
-    @_locked
+    @atomic
     def free(self, seq_id: int) -> None:
         """Finish or cancel a sequence in any status and release everything it holds."""
+        seq_id = plain_seq_id(seq_id)
         row = self._row(seq_id)
         self.pool.release(self.rows.table(row))
         self.cpu_pool.release(self.rows.seq[row].cpu_block_table)
-        del self.row_of[seq_id]
+        self.journal.pop_ordered(self.row_of, seq_id, self._creation)
         self.rows.recycle(row)
 
-    @_locked
+    @atomic
     def preempt(self, seq_id: int, mode: str = "recompute") -> list:
         """Take a running sequence off the GPU. By "recompute": release its blocks, keep its tokens
         (waiting). By "swap": copy each block to a new CPU block, then release the GPU blocks
         (swapped). Returns the (gpu, cpu) copies."""
-        if mode not in PREEMPT_MODES:
+        if not (isinstance(mode, str) and mode in PREEMPT_MODES):
             raise InvalidArgument(f"preempt mode must be one of {PREEMPT_MODES}, got {mode!r}")
         row = self._running_row(seq_id)
-        seq, table = self.rows.seq[row], self.rows.table(row)
+        journal, seq, table = self.journal, self.rows.seq[row], self.rows.table(row)
         copies = []
         if mode == "recompute":
-            seq.waiting_tokens = self._running_tokens(row)
-            self.stats["preempt_recompute"] += 1
+            journal.set(seq, "waiting_tokens", self._running_tokens(row))
+            self._count("preempt_recompute", 1)
         else:
             if len(table) > self.cpu_pool.num_free():
                 raise OutOfBlocks(len(table), self.cpu_pool.num_free(), pool="cpu")
-            seq.cpu_block_table = self.cpu_pool.take(len(table))
-            self.cpu_pool.block_tokens[seq.cpu_block_table] = self.block_tokens[table]
-            copies = list(zip(table, seq.cpu_block_table))
+            cpu_table = self.cpu_pool.take(len(table))
+            journal.set(seq, "cpu_block_table", cpu_table)
+            journal.assign(self.cpu_pool.block_tokens, cpu_table, self.block_tokens[table])
+            copies = list(zip(table, cpu_table))
             self.copies.add("swap_out", copies)
-            self.stats["preempt_swap"] += 1
-            self.stats["swap_outs"] += len(copies)
+            self._count("preempt_swap", 1)
+            self._count("swap_outs", len(copies))
         self.pool.release(table)
         self.rows.set_table(row, [])
-        self.rows.row_status[row] = WAITING_CODE if mode == "recompute" else SWAPPED_CODE
+        journal.assign(self.rows.row_status, row, WAITING_CODE if mode == "recompute" else SWAPPED_CODE)
         return copies
 
-    @_locked
+    @atomic
     def resume(self, seq_id: int) -> list:
         """Waiting: allocate like `add` of its tokens. Swapped: new unshared GPU blocks copied
         back from the CPU blocks, which are freed. Returns the (cpu, gpu) copies."""
         row = self._row(seq_id)
-        seq, status = self.rows.seq[row], self.rows.row_status[row]
+        journal, seq, status = self.journal, self.rows.seq[row], self.rows.row_status[row]
         if status == RUNNING_CODE:
             raise InvalidState(f"sequence {seq_id!r} is already running")
         if status == WAITING_CODE:
-            hits, needed = self._plan_prompt(seq.waiting_tokens)
-            self._place_prompt(row, np.array(seq.waiting_tokens, dtype=np.int64), hits, needed)
-            seq.waiting_tokens = []
+            tokens = np.array(seq.waiting_tokens, dtype=np.int64)
+            hits, needed = self._plan_prompt(tokens)
+            self._place_prompt(row, tokens, hits, needed)
+            journal.set(seq, "waiting_tokens", [])
             return []
         cpu_table = seq.cpu_block_table
         self._require_free(len(cpu_table))
         table = self.pool.take(len(cpu_table))
-        self.block_tokens[table] = self.cpu_pool.block_tokens[cpu_table]
+        journal.assign(self.block_tokens, table, self.cpu_pool.block_tokens[cpu_table])
         self.cpu_pool.release(cpu_table)
-        seq.cpu_block_table = []
+        journal.set(seq, "cpu_block_table", [])
         self.rows.set_table(row, table)
         self._make_running(row)
         self._fill_cache(table, 0, int(self.rows.seq_len[row]) // self.block_size)
         copies = list(zip(cpu_table, table))
         self.copies.add("swap_in", copies)
-        self.stats["swap_ins"] += len(copies)
+        self._count("swap_ins", len(copies))
         return copies
 
     def swap_out(self, seq_id: int) -> list:
         return self.preempt(seq_id, "swap")
 
-    @_locked
+    @atomic
     def swap_in(self, seq_id: int) -> list:
         if self.rows.row_status[self._row(seq_id)] != SWAPPED_CODE:
             raise InvalidState(f"sequence {seq_id!r} is not swapped")
         return self.resume(seq_id)
 
-    @_locked
+    @atomic
     def step(self, tokens: dict, preempt_mode=lambda seq_id: "recompute") -> StepResult:
         """One batched decode step, as the spec's: while the step's new blocks exceed the free
         ones, preempt the latest admitted running sequence and drop its token; then append the
         rest in admission order. The spec preempts by recompute; a scheduler may pass
-        `preempt_mode(victim) -> "recompute" | "swap"` to choose per victim."""
+        `preempt_mode(victim) -> "recompute" | "swap"` to choose per victim. All or nothing: if
+        `preempt_mode` raises or answers badly, nothing was preempted or appended."""
         check_step_tokens(tokens)
-        for seq_id in tokens:
+        require(callable(preempt_mode), f"preempt_mode must be callable, got {preempt_mode!r}")
+        batch = {plain_seq_id(s): plain_token(t) for s, t in tokens.items()}
+        require(len(batch) == len(tokens), "a step names a sequence twice")
+        for seq_id in batch:
             self._running_row(seq_id)
-        batch, preempted = dict(tokens), []
+        preempted = []
         while self.blocks_for_append(list(batch)) > self.pool.num_free():
             victim = self.rows.seq[self.rows.latest_running_row()].seq_id
             self.preempt(victim, preempt_mode(victim))
@@ -231,7 +249,7 @@ class BlockManager:
 
     # ---------------------------------------------------------------- batched forms
 
-    @_locked
+    @atomic
     def append_batch(self, seq_ids, tokens) -> list:
         """Append tokens[i] to seq_ids[i] for every i, exactly as that many `append` calls in this
         order would, but all or nothing. Returns the copy-on-write copies."""
@@ -245,6 +263,7 @@ class BlockManager:
     def blocks_for_append(self, seq_ids) -> int:
         """New blocks appending one token to each of these running sequences would take."""
         rows = self._rows(seq_ids)
+        self._require_running(rows)
         needs_tail, cow, _ = self._plan_append(rows)
         return int(np.count_nonzero(needs_tail | cow))
 
@@ -262,25 +281,25 @@ class BlockManager:
     @_locked
     def slot_mapping(self, seq_ids, num_tokens=1) -> torch.Tensor:
         """int64 slots (block * B + offset) of the last `num_tokens` tokens of each running
-        sequence, concatenated: what a forward pass writes (prefill: length - cached; decode: 1)."""
+        sequence, concatenated: what a forward pass writes (prefill: length - cached; decode: 1).
+        `num_tokens`: one int for all, or one per sequence."""
         rows = self._rows(seq_ids)
         self._require_running(rows)
-        counts = np.broadcast_to(np.asarray(num_tokens, dtype=np.int64), rows.shape)
         lens = self.rows.seq_len[rows]
-        require(bool(((counts >= 0) & (counts <= lens)).all()), "num_tokens must be in 0..length")
-        if (counts == 1).all():   # decode: one position per sequence
+        if num_tokens == 1 and type(num_tokens) is int:   # decode: one position per sequence
             seg_rows, positions = rows, lens - 1
         else:
+            counts = check_token_counts(num_tokens, lens)
             seg_rows = np.repeat(rows, counts)
             ends = np.cumsum(counts)
             positions = np.arange(ends[-1] if len(ends) else 0) - np.repeat(ends - counts, counts) \
                 + np.repeat(lens - counts, counts)
-        blocks = self.rows.tables[seg_rows, positions // self.block_size].astype(np.int64)
+        blocks = self.rows.blocks_at(seg_rows, positions // self.block_size)
         return torch.from_numpy(blocks * self.block_size + positions % self.block_size).to(self.device)
 
-    @_locked
+    @atomic
     def take_copies(self) -> Copies:
-        """Drain the pending copies (see `Copies` for the order to perform them in)."""
+        """Drain the pending copies, in call order (see `Copies` for how to perform them)."""
         return self.copies.take()
 
     # ---------------------------------------------------------------- queries
@@ -317,6 +336,7 @@ class BlockManager:
 
     @_locked
     def seq_ids(self) -> list:
+        """Live sequence ids in creation order."""
         return list(self.row_of)
 
     @_locked
@@ -328,7 +348,7 @@ class BlockManager:
     def cached_prefix_tokens(self, tokens: list) -> int:
         """Prompt tokens an `add` of `tokens` would serve from the prefix cache now (a lookup
         that changes nothing)."""
-        check_prompt(tokens)
+        tokens = check_prompt(tokens).tolist()
         B = self.block_size
         return len(self.cache.lookup(tokens, (len(tokens) - 1) // B, B)) * B if self.cache else 0
 
@@ -355,6 +375,17 @@ class BlockManager:
         return self.cpu_pool.num_free()
 
     @_locked
+    def num_evictions(self) -> int:
+        """Released cached blocks handed out again (evicted) since construction."""
+        return self.pool.evictions
+
+    @_locked
+    def uncached_free_blocks(self) -> list:
+        """Free GPU blocks that hold no cached content, oldest first: what an engine may treat as
+        garbage (evictable cached blocks keep their KV for hits and are not listed)."""
+        return list(self.pool.free_queue)
+
+    @_locked
     def metrics(self) -> dict:
         active = self.num_blocks - self.pool.num_free()
         looked_up = self.stats["prompt_tokens"]
@@ -379,14 +410,18 @@ class BlockManager:
     # ---------------------------------------------------------------- internals: sequences
 
     def _row(self, seq_id) -> int:
-        check_seq_id(seq_id)
+        seq_id = plain_seq_id(seq_id)
         if seq_id not in self.row_of:
             raise UnknownSequence(seq_id)
         return self.row_of[seq_id]
 
-    def _new_row(self, seq_id) -> int:
-        row = self.rows.take(_Seq(seq_id))
-        self.row_of[seq_id] = row
+    def _creation(self, seq_id) -> int:
+        return self.rows.seq[self.row_of[seq_id]].created
+
+    def _new_row(self, seq_id: int) -> int:
+        self.journal.set(self, "_creations", self._creations + 1)
+        row = self.rows.take(_Seq(seq_id, self._creations))
+        self.journal.put(self.row_of, seq_id, row)
         return row
 
     def _running_row(self, seq_id) -> int:
@@ -397,16 +432,12 @@ class BlockManager:
 
     def _rows(self, seq_ids) -> np.ndarray:
         """Rows of distinct known sequences. Engines pass the same batch step after step, so the
-        last batch's rows are remembered until a row is recycled."""
-        if isinstance(seq_ids, (np.ndarray, torch.Tensor)):
-            seq_ids = seq_ids.tolist()   # an integer array holds only ints; others fail below
+        last batch's rows are remembered until a row is recycled (the ids are checked first: a
+        batch [False, True] equals [0, 1] but is no batch of sequence ids)."""
+        seq_ids = plain_seq_ids(seq_ids)
         last = self._last_batch
         if last is not None and last[2] == self.rows.version and last[0] == seq_ids:
             return last[1]
-        require(isinstance(seq_ids, (list, tuple)), f"seq_ids must be a list, got {type(seq_ids).__name__}")
-        if set(map(type, seq_ids)) - {int}:
-            for seq_id in seq_ids:
-                check_seq_id(seq_id)
         try:
             rows = np.fromiter(map(self.row_of.__getitem__, seq_ids), np.int64, len(seq_ids))
         except KeyError as missing:
@@ -414,8 +445,13 @@ class BlockManager:
         seen = np.zeros(len(self.rows), dtype=bool)
         seen[rows] = True
         require(np.count_nonzero(seen) == len(rows), "a batch names a sequence twice")
+        rows.setflags(write=False)   # shared with the memo: nobody may change it
         self._last_batch = (list(seq_ids), rows, self.rows.version)
         return rows
+
+    def _forget_memo(self) -> None:
+        """After a rollback: rows the memo saw may have been recycled and restored."""
+        self._last_batch = None
 
     def _require_running(self, rows: np.ndarray) -> None:
         not_running = np.flatnonzero(self.rows.row_status[rows] != RUNNING_CODE)
@@ -424,12 +460,15 @@ class BlockManager:
             raise InvalidState(f"a sequence in the batch is {STATUSES[self.rows.row_status[row]]}, not running")
 
     def _make_running(self, row: int) -> None:
-        self._admissions += 1
-        self.rows.admitted[row] = self._admissions
-        self.rows.row_status[row] = RUNNING_CODE
+        self.journal.set(self, "_admissions", self._admissions + 1)
+        self.journal.assign(self.rows.admitted, row, self._admissions)
+        self.journal.assign(self.rows.row_status, row, RUNNING_CODE)
 
     def _running_tokens(self, row: int) -> list:
         return self.block_tokens[self.rows.table(row)].ravel()[:self.rows.seq_len[row]].tolist()
+
+    def _count(self, stat: str, n: int) -> None:
+        self.journal.put(self.stats, stat, self.stats[stat] + n)
 
     # ---------------------------------------------------------------- internals: allocation
 
@@ -437,12 +476,12 @@ class BlockManager:
         if needed > self.pool.num_free():
             raise OutOfBlocks(needed, self.pool.num_free())
 
-    def _plan_prompt(self, tokens: list):
+    def _plan_prompt(self, tokens: np.ndarray):
         """Confirmed cache hits for a prompt and how many new blocks it needs; raises OutOfBlocks
         (nothing changed) when they are not there. Hits waiting in the LRU are not available.
         At most (len - 1) // B blocks hit: the prompt's last token is always computed."""
         B = self.block_size
-        hits = self.cache.lookup(tokens, (len(tokens) - 1) // B, B) if self.cache else []
+        hits = self.cache.lookup(tokens.tolist(), (len(tokens) - 1) // B, B) if self.cache else []
         needed = blocks_needed(len(tokens), B) - len(hits)
         available = self.pool.num_free() - sum(1 for b in hits if self.pool.ref_count[b] == 0)
         if needed > available:
@@ -450,20 +489,20 @@ class BlockManager:
         return hits, needed
 
     def _place_prompt(self, row: int, tokens: np.ndarray, hits: list, needed: int) -> None:
-        B = self.block_size
+        B, journal = self.block_size, self.journal
         self.pool.share(hits)
         fresh = self.pool.take(needed)
         cached = len(hits) * B
         written = np.zeros(needed * B, dtype=np.int64)
         written[:len(tokens) - cached] = tokens[cached:]
-        self.block_tokens[fresh] = written.reshape(needed, B)
+        journal.assign(self.block_tokens, fresh, written.reshape(needed, B))
         table = hits + fresh
-        self.rows.seq_len[row] = len(tokens)
+        journal.assign(self.rows.seq_len, row, len(tokens))
         self.rows.set_table(row, table)
         self._make_running(row)
-        self.rows.seq[row].cached_tokens = cached
-        self.stats["prompt_tokens"] += len(tokens)
-        self.stats["cached_tokens"] += cached
+        journal.set(self.rows.seq[row], "cached_tokens", cached)
+        self._count("prompt_tokens", len(tokens))
+        self._count("cached_tokens", cached)
         self._fill_cache(table, len(hits), len(tokens) // B)
 
     def _fill_cache(self, table: list, first: int, stop: int) -> None:
@@ -479,7 +518,7 @@ class BlockManager:
         and who copies a shared partial tail first. Sharers copy in order; when every holder of a
         tail is in the batch, the last one writes in place."""
         offsets = self.rows.seq_len[rows] % self.block_size
-        tails = self.rows.tables[rows, self.rows.num_held[rows] - 1].astype(np.int64)
+        tails = self.rows.tails(rows)
         needs_tail = offsets == 0
         cow = ~needs_tail & (self.pool.ref_count[tails] > 1)
         pending_refs = {}
@@ -498,35 +537,30 @@ class BlockManager:
             # An eviction unindexes a block; an earlier sequence's filled block must be indexed
             # before that, as appending one at a time would. Rare: keep that order literally.
             return [copy for i in range(len(rows)) for copy in self._append_rows(rows[i:i + 1], tokens[i:i + 1])]
-        table_rows = self.rows
-        held = table_rows.num_held[rows]
+        journal, table_rows, B = self.journal, self.rows, self.block_size
         new_blocks = np.asarray(self.pool.take(len(needy)), dtype=np.int64)
         is_tail = needs_tail[needy]
-        grow = needy[is_tail]
-        table_rows.ensure_width(int(held[grow].max(initial=0)) + 1)
-        table_rows.tables[rows[grow], held[grow]] = new_blocks[is_tail]
-        table_rows.num_held[rows[grow]] += 1
-        copies = self._copy_on_write(rows, held, needy[~is_tail], tails, new_blocks[~is_tail])
-        table_rows.dirty[rows[needy]] = True
-        offsets = table_rows.seq_len[rows] % self.block_size
-        self.block_tokens[table_rows.tables[rows, table_rows.num_held[rows] - 1], offsets] = tokens
-        table_rows.seq_len[rows] += 1
+        table_rows.push(rows[needy[is_tail]], new_blocks[is_tail])
+        copies = self._copy_on_write(rows[needy[~is_tail]], tails[needy[~is_tail]], new_blocks[~is_tail])
+        lens = table_rows.seq_len[rows]
+        offsets = lens % B
+        journal.assign(self.block_tokens, (table_rows.tails(rows), offsets), tokens)
+        journal.assign(table_rows.seq_len, rows, lens + 1)
         if self.cache is not None:
-            for i in np.flatnonzero(offsets == self.block_size - 1).tolist():
+            for i in np.flatnonzero(offsets == B - 1).tolist():
                 table = table_rows.table(rows[i])
                 self._fill_cache(table, len(table) - 1, len(table))
         return copies
 
-    def _copy_on_write(self, rows, held, which, tails, dst) -> list:
-        if not len(which):
+    def _copy_on_write(self, rows, src, dst) -> list:
+        if not len(rows):
             return []
-        src = tails[which]
-        self.rows.tables[rows[which], held[which] - 1] = dst
-        np.subtract.at(self.pool.ref_count, src, 1)
-        self.block_tokens[dst] = self.block_tokens[src]
+        self.rows.set_tails(rows, dst)
+        self.pool.unshare(src)
+        self.journal.assign(self.block_tokens, dst, self.block_tokens[src])
         copies = list(zip(src.tolist(), dst.tolist()))
         self.copies.add("cow", copies)
-        self.stats["copies"] += len(copies)
+        self._count("copies", len(copies))
         return copies
 
     def __repr__(self):

@@ -3,6 +3,7 @@
 Every block is exactly one of: free (in `free_queue`), evictable (ref count 0, still indexed in the
 prefix cache, in `evictable` from least to most recently released) or live (ref count > 0).
 Taking, sharing and releasing are O(1) per block: deque ends and OrderedDict moves, no scans.
+Every change goes through the manager's journal (`journal.py`), so a failed operation is undone.
 """
 
 from collections import OrderedDict, deque
@@ -11,13 +12,15 @@ import numpy as np
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, cache=None):
+    def __init__(self, num_blocks: int, journal, cache=None):
         self.num_blocks = num_blocks
+        self.journal = journal
         self.ref_count = np.zeros(num_blocks, dtype=np.int32)
         self.free_queue = deque(range(num_blocks))
-        self.evictable: OrderedDict = OrderedDict()
+        self.evictable: OrderedDict = OrderedDict()   # block -> release stamp, least recent first
         self.cache = cache
         self.evictions = 0
+        self.releases = 0                             # release stamps: larger = released later
 
     def num_free(self) -> int:
         """Blocks an allocation could take now."""
@@ -26,36 +29,51 @@ class BlockPool:
     def take(self, n: int) -> list:
         """`n` new blocks with ref count 1: oldest free first, then evict least recently released.
         The caller has checked that `n <= num_free()`."""
+        journal = self.journal
         from_queue = min(n, len(self.free_queue))
+        journal.will_popleft(self.free_queue, from_queue)
         blocks = [self.free_queue.popleft() for _ in range(from_queue)]
         for _ in range(n - from_queue):
-            block, _ = self.evictable.popitem(last=False)
+            block = next(iter(self.evictable))
+            journal.pop_ordered(self.evictable, block, self.evictable.__getitem__)
             self.cache.forget(block)
-            self.evictions += 1
+            journal.set(self, "evictions", self.evictions + 1)
             blocks.append(block)
-        self.ref_count[blocks] = 1
+        journal.assign(self.ref_count, blocks, 1)
         return blocks
 
     def share(self, blocks: list) -> None:
         """One more reference to each (distinct) block; an evictable one becomes live again."""
         for block in blocks:
-            self.evictable.pop(block, None)
+            if block in self.evictable:
+                self.journal.pop_ordered(self.evictable, block, self.evictable.__getitem__)
+        self.journal.save(self.ref_count, blocks)
         self.ref_count[blocks] += 1
+
+    def unshare(self, blocks) -> None:
+        """One reference fewer to each block, all of them still held by someone (copy-on-write)."""
+        self.journal.save(self.ref_count, blocks)
+        np.subtract.at(self.ref_count, blocks, 1)
 
     def release(self, table) -> None:
         """Drop one reference to each block of a table, tail first, so a prefix's head is evicted
         last. A block nobody holds becomes evictable if indexed, else free (its content wiped)."""
+        journal = self.journal
         table = np.asarray(table, dtype=np.int64)
+        journal.save(self.ref_count, table)
         self.ref_count[table] -= 1
         dead = table[::-1][self.ref_count[table[::-1]] == 0].tolist()
         if self.cache is None:
+            journal.will_append(self.free_queue)
             self.free_queue.extend(dead)
             return
         for block in dead:
             if self.cache.is_indexed(block):
-                self.evictable[block] = None
+                journal.set(self, "releases", self.releases + 1)
+                journal.put(self.evictable, block, self.releases)
             else:
                 self.cache.forget(block)
+                journal.will_append(self.free_queue)
                 self.free_queue.append(block)
 
     def problems(self) -> list:
@@ -69,4 +87,7 @@ class BlockPool:
         if self.cache is not None:
             problems += [f"evictable block {b} is not in the prefix index"
                          for b in self.evictable if not self.cache.is_indexed(b)]
+        stamps = list(self.evictable.values())
+        if stamps != sorted(stamps):
+            problems.append("the evictable LRU is out of release order")
         return problems

@@ -6,8 +6,9 @@ import numpy as np
 
 
 class CpuPool:
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, journal):
         self.num_blocks = num_blocks
+        self.journal = journal
         self.free_queue = deque(range(num_blocks))
         self.block_tokens = np.zeros((num_blocks, block_size), dtype=np.int64)
 
@@ -16,9 +17,11 @@ class CpuPool:
 
     def take(self, n: int) -> list:
         """`n` CPU blocks, oldest free first. The caller has checked `n <= num_free()`."""
+        self.journal.will_popleft(self.free_queue, n)
         return [self.free_queue.popleft() for _ in range(n)]
 
     def release(self, blocks: list) -> None:
+        self.journal.will_append(self.free_queue)
         self.free_queue.extend(blocks)
 
     def problems(self, held: list) -> list:

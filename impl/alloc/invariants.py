@@ -42,7 +42,7 @@ def _shape_problems(bm, tables: dict) -> list:
         want = blocks_needed(int(rows.seq_len[row]), bm.block_size)
         held = (len(tables[seq_id]), len(rows.seq[row].cpu_block_table))
         expected = {RUNNING: (want, 0), SWAPPED: (0, want), WAITING: (0, 0)}[status]
-        if held != expected or (rows.tables[row, held[0]:] != -1).any():
+        if held != expected:
             problems.append(f"{status} sequence {seq_id} of length {rows.seq_len[row]} holds "
                             f"{held[0]} gpu / {held[1]} cpu blocks, expected {expected}")
-    return problems
+    return problems + rows.problems()

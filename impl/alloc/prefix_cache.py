@@ -11,7 +11,8 @@ spec's "look up the hash, confirm the content" finds, without hashing the prompt
 collision can therefore cost a cache miss (the second content is never indexed), never a wrong hit.
 
 Every full block that holds computed KV (live, or released but still indexed) has a content; a
-content lives while a block or a child content refers to it.
+content lives while a block or a child content refers to it. Every change goes through the
+manager's journal (`journal.py`), so a failed operation (a `chain_hash` that raises, say) is undone.
 """
 
 from .chain_hash import ChainHash
@@ -31,8 +32,9 @@ class Content:
 
 
 class PrefixCache:
-    def __init__(self, chain_hash: ChainHash):
+    def __init__(self, chain_hash: ChainHash, journal):
         self.chain_hash = chain_hash
+        self.journal = journal
         self.hash_to_block: dict = {}    # the index: chained hash -> the block cached under it
         self.content_of: dict = {}       # full block -> Content
         self.contents: dict = {}         # (parent Content | None, tokens) -> Content
@@ -60,30 +62,32 @@ class PrefixCache:
     def fill(self, block: int, parent_block, block_tokens: tuple) -> None:
         """`block` just became full after `parent_block` (None for a sequence's first block):
         record its content and index it unless its hash is already indexed."""
+        journal = self.journal
         parent = None if parent_block is None else self.content_of[parent_block]
         content = self.contents.get((parent, block_tokens))
         if content is None:
-            if parent is None:
-                content = Content(None, block_tokens, self.chain_hash(None, block_tokens))
-            else:
-                content = Content(parent, block_tokens, self.chain_hash(parent.hash, block_tokens))
-                parent.refs += 1
-            self.contents[content.key] = content
-        content.refs += 1
-        self.content_of[block] = content
+            content = Content(parent, block_tokens, self.chain_hash(parent and parent.hash, block_tokens))
+            if parent is not None:
+                journal.set(parent, "refs", parent.refs + 1)
+            journal.put(self.contents, content.key, content)
+        journal.set(content, "refs", content.refs + 1)
+        journal.put(self.content_of, block, content)
         if content.hash not in self.hash_to_block:
-            self.hash_to_block[content.hash] = block
+            journal.put(self.hash_to_block, content.hash, block)
 
     def forget(self, block: int) -> None:
         """`block` is wiped (freed or evicted): drop it from the index and release its content."""
+        journal = self.journal
         if self.is_indexed(block):
-            del self.hash_to_block[self.content_of[block].hash]
-        content = self.content_of.pop(block, None)
+            journal.pop(self.hash_to_block, self.content_of[block].hash)
+        if block not in self.content_of:
+            return
+        content = journal.pop(self.content_of, block)
         while content is not None:
-            content.refs -= 1
+            journal.set(content, "refs", content.refs - 1)
             if content.refs:
                 break
-            del self.contents[content.key]
+            journal.pop(self.contents, content.key)
             content = content.parent
 
     def problems(self, block_tokens) -> list:

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedkv.kernels import copy_blocks, paged_decode, paged_prefill, write_kv
+from pagedkv.kernels import paged_decode, paged_prefill, write_kv
+
+from .cache_copies import perform_copies
 
 from .model import TinyTransformer
 
@@ -40,15 +42,8 @@ class PagedRunner:
         self.cpu_v = [torch.zeros((num_cpu_blocks, block_size, *shape)) for _ in range(cfg.layers)]
 
     def apply_copies(self, copies) -> None:
-        """Perform a BlockManager's pending copies in their required order: swap-outs, swap-ins, then
-        copy-on-writes."""
-        for layer in range(len(self.k)):
-            _copy_across(self.k[layer], self.cpu_k[layer], copies.swap_out)
-            _copy_across(self.v[layer], self.cpu_v[layer], copies.swap_out)
-            _copy_across(self.cpu_k[layer], self.k[layer], copies.swap_in)
-            _copy_across(self.cpu_v[layer], self.v[layer], copies.swap_in)
-            if len(copies.cow):
-                copy_blocks(self.k[layer], self.v[layer], copies.cow)
+        """Perform a BlockManager's drained copies, phase by phase in call order."""
+        perform_copies(copies, list(zip(self.k, self.v)), list(zip(self.cpu_k, self.cpu_v)))
 
     def forward(self, batch: Batch) -> torch.Tensor:
         """Logits [S, vocab] of each row's last token."""
@@ -75,8 +70,3 @@ class PagedRunner:
 
         return self.model.forward(batch.tokens, positions, attend)[ends - 1]
 
-
-def _copy_across(src_cache: torch.Tensor, dst_cache: torch.Tensor, pairs: torch.Tensor) -> None:
-    """Whole-block copies between two pools (device <-> host): `copy_blocks` works within one cache."""
-    if len(pairs):
-        dst_cache[pairs[:, 1]] = src_cache[pairs[:, 0]].to(dst_cache.device)

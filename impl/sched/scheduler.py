@@ -9,19 +9,27 @@ Each `schedule()` call is one engine step:
    recompute first, then new requests, FIFO), each only while its blocks fit above the watermark.
 3. the output names what the engine runs and the tensors its kernels read.
 
-`update(outputs)` takes the sampled tokens, finishes sequences that reached `max_new_tokens` (or the
-request's `eos`) and keeps the others' tokens for the next step. Single-threaded by contract: one
-engine loop owns a scheduler (the block manager underneath is thread-safe on its own).
+`update(outputs)` takes the sampled tokens of the sequences the last `schedule()` ran, finishes those
+that reached `max_new_tokens` (or the request's `eos`) and keeps the others' tokens for the next step.
+
+Reliability: every argument is checked at the door (a typed `pagedkv.spec` error, nothing queued);
+`schedule()` and `update()` are transactions: if anything raises inside (the block manager's own
+calls included, through `BlockManager.transaction`), the scheduler and its block manager are left
+as they were. Single-threaded by contract: one engine loop owns a scheduler and its block manager
+(sequence ids are the scheduler's to hand out; the block manager is thread-safe on its own).
 """
 
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from numbers import Real
 from typing import Optional
 
+import numpy as np
 import torch
 
-from pagedkv.spec import SWAPPED, InvalidArgument
+from pagedkv.spec import SWAPPED, InvalidArgument, InvalidState, UnknownSequence
+from pagedkv.spec.arguments import MAX_TOKEN, is_int, require
 
 from pagedkv.impl.alloc import BlockManager, Copies
 from pagedkv.spec.blocks import blocks_needed
@@ -34,6 +42,31 @@ class SchedulerConfig:
     prefill_tokens_per_s: float = 10_000.0   # recompute cost: tokens / rate
     swap_bytes_per_s: float = 25e9         # link bandwidth; swap cost: 2 x KV bytes / bandwidth
     kv_bytes_per_token: int = 131_072      # K and V of one token over all layers
+
+    def __post_init__(self):
+        require(is_int(self.max_num_seqs) and self.max_num_seqs >= 1,
+                f"max_num_seqs must be an int >= 1, got {self.max_num_seqs!r}")
+        require(_is_real(self.watermark) and 0 <= self.watermark < 1,
+                f"watermark must be a fraction in [0, 1), got {self.watermark!r}")
+        for name in ("prefill_tokens_per_s", "swap_bytes_per_s"):
+            value = getattr(self, name)
+            require(_is_real(value) and 0 < value < math.inf, f"{name} must be a positive number, got {value!r}")
+        require(is_int(self.kv_bytes_per_token) and self.kv_bytes_per_token >= 1,
+                f"kv_bytes_per_token must be an int >= 1, got {self.kv_bytes_per_token!r}")
+
+
+def _is_real(value) -> bool:
+    """A real number that is not a bool (NaN fails every comparison the checks make)."""
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def plain_token(token, what: str = "token") -> int:
+    """A token id as a plain int: ints (an int subclass by its value, not its `__eq__`) and numpy
+    integer scalars in 0..2**63-1; anything else is refused."""
+    if isinstance(token, np.integer):
+        token = int(token)
+    require(is_int(token) and 0 <= token <= MAX_TOKEN, f"a {what} is an int in 0..2**63-1, got {token!r}")
+    return int.__index__(token)
 
 
 @dataclass
@@ -74,6 +107,8 @@ class _Request:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, config: SchedulerConfig = SchedulerConfig()):
+        require(isinstance(block_manager, BlockManager), f"a Scheduler runs a BlockManager, got {block_manager!r}")
+        require(isinstance(config, SchedulerConfig), f"config must be a SchedulerConfig, got {config!r}")
         self.bm, self.config = block_manager, config
         self.waiting: deque = deque()     # requests not yet admitted, FIFO
         self.preempted: deque = deque()   # seq ids preempted by recompute, earliest admitted first
@@ -81,24 +116,27 @@ class Scheduler:
         self.pending: dict = {}           # seq id -> sampled token not yet written
         self.generated: dict = {}         # seq id -> tokens sampled so far
         self.request_of: dict = {}        # seq id -> _Request
+        self.awaiting: set = set()        # seq ids the last schedule() ran, whose samples update() takes
         self.next_seq_id = 0
         self.watermark_blocks = math.ceil(config.watermark * block_manager.num_blocks)
 
     def add_request(self, req_id, prompt: list, max_new_tokens: int, n: int = 1,
                     eos: Optional[int] = None) -> list:
         """Queue a request for `n` samples of `prompt`; returns their sequence ids."""
-        if not (isinstance(n, int) and n >= 1 and isinstance(max_new_tokens, int) and max_new_tokens >= 1):
-            raise ValueError(f"n and max_new_tokens must be ints >= 1, got {n!r}, {max_new_tokens!r}")
-        if not prompt:
-            raise ValueError("a prompt has at least one token")
+        require(is_int(n) and n >= 1, f"n must be an int >= 1, got {n!r}")
+        require(is_int(max_new_tokens) and max_new_tokens >= 1, f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        require(isinstance(prompt, (list, tuple)) and len(prompt) > 0,
+                f"a prompt is a non-empty list of tokens, got {type(prompt).__name__}")
+        prompt = [plain_token(token) for token in prompt]
+        eos = None if eos is None else plain_token(eos, "eos token")
         if not self.can_ever_fit(len(prompt), 0):
             # It could never be admitted and would wait forever: refuse it now, loudly.
             raise InvalidArgument(
                 f"request {req_id!r}'s prompt needs {blocks_needed(len(prompt), self.bm.block_size)} blocks; "
                 f"the pool has {self.bm.num_blocks - self.watermark_blocks} above the watermark")
-        seq_ids = list(range(self.next_seq_id, self.next_seq_id + n))
+        seq_ids = list(range(self.next_seq_id, self.next_seq_id + int(n)))
         self.next_seq_id += n
-        request = _Request(req_id, list(prompt), max_new_tokens, seq_ids, eos)
+        request = _Request(req_id, prompt, int(max_new_tokens), seq_ids, eos)
         self.waiting.append(request)
         for seq_id in seq_ids:
             self.request_of[seq_id], self.generated[seq_id] = request, 0
@@ -120,6 +158,31 @@ class Scheduler:
     # ---------------------------------------------------------------- one step
 
     def schedule(self) -> SchedulerOutput:
+        """One engine step (see the module docstring); all or nothing. Every sequence the last step
+        ran must have had its sample given to `update()`: one without would never decode again."""
+        if self.awaiting:
+            raise InvalidState(f"update() has no sample yet for sequences {sorted(self.awaiting)} "
+                               "that the last schedule() ran")
+        return self._atomically(self._schedule)
+
+    def update(self, outputs: dict) -> list:
+        """Record each sequence's sampled token; returns the sequences that finished (freed).
+        `outputs` maps sequences the last `schedule()` ran (prefills, forks, decodes) and not yet
+        updated to their sampled token; anything else is refused before anything changes."""
+        require(isinstance(outputs, dict), f"update takes a dict of seq_id -> token, got {type(outputs).__name__}")
+        samples = {}
+        for seq_id, token in outputs.items():
+            require(is_int(seq_id), f"sequence ids are ints, got {seq_id!r}")
+            seq_id = int.__index__(seq_id)
+            if seq_id not in self.request_of:
+                raise UnknownSequence(seq_id)
+            if seq_id not in self.awaiting:
+                raise InvalidState(f"sequence {seq_id} did not run in the last schedule(): nothing to sample")
+            samples[seq_id] = plain_token(token, "sampled token")
+        require(len(samples) == len(outputs), "update names a sequence twice")
+        return self._atomically(lambda: self._update(samples))
+
+    def _schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         self._decode(out)
         if not (out.preempted or out.swapped_out):
@@ -131,22 +194,40 @@ class Scheduler:
         out.seq_lens = self.bm.seq_lens(ids)
         out.slot_mapping = self.bm.slot_mapping(ids, counts)
         out.copies = self.bm.take_copies()
+        self.awaiting = set(ids) | set(out.forked)
         return out
 
-    def update(self, outputs: dict) -> list:
-        """Record each sequence's sampled token; returns the sequences that finished (freed)."""
+    def _update(self, samples: dict) -> list:
         finished = []
-        for seq_id, token in outputs.items():
+        for seq_id, token in samples.items():
             request = self.request_of[seq_id]
+            self.awaiting.discard(seq_id)
             self.generated[seq_id] += 1
             if self.generated[seq_id] >= request.max_new_tokens or token == request.eos:
-                self.bm.free(seq_id)
-                self.pending.pop(seq_id, None)
-                del self.request_of[seq_id], self.generated[seq_id]
+                self._finish(seq_id)
                 finished.append(seq_id)
             else:
                 self.pending[seq_id] = token
         return finished
+
+    def _finish(self, seq_id: int) -> None:
+        """Free a sequence and forget it everywhere (it may sit in no queue: it just ran)."""
+        self.bm.free(seq_id)
+        self.pending.pop(seq_id, None)
+        self.awaiting.discard(seq_id)
+        del self.request_of[seq_id], self.generated[seq_id]
+
+    def _atomically(self, body):
+        """Run `body` so that if it raises, the scheduler's queues and maps and the block manager
+        (one `BlockManager.transaction`) are as before. The copies are O(sequences), as the step."""
+        saved = (deque(self.waiting), deque(self.preempted), deque(self.swapped), dict(self.pending),
+                 dict(self.generated), dict(self.request_of), set(self.awaiting), self.next_seq_id)
+        try:
+            return self.bm.transaction(body)
+        except BaseException:
+            (self.waiting, self.preempted, self.swapped, self.pending, self.generated, self.request_of,
+             self.awaiting, self.next_seq_id) = saved
+            raise
 
     # ---------------------------------------------------------------- phases
 
@@ -170,9 +251,7 @@ class Scheduler:
         wait forever): a sequence that alone outgrew the pool was preempted by its own decode."""
         for seq_id in [s for s in queue if blocks_to_resume(s) > self.bm.num_blocks - self.watermark_blocks]:
             queue.remove(seq_id)
-            self.bm.free(seq_id)
-            del self.request_of[seq_id], self.generated[seq_id]
-            self.pending.pop(seq_id, None)
+            self._finish(seq_id)
             out.aborted.append(seq_id)
 
     def preempt_mode(self, seq_id: int) -> str:

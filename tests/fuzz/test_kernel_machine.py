@@ -33,7 +33,7 @@ class DroppedCopy(BlockManager):
 
     def take_copies(self):
         copies = super().take_copies()
-        return copies._replace(cow=copies.cow[:0])
+        return copies.without("cow")
 
 
 def test_ci_profile_passes_and_reaches_every_path():
@@ -50,7 +50,7 @@ def test_planted_allocator_bug_is_caught_and_saved(planted, symptom, tmp_path):
                            run_kernels=False)
     _, cases = read_corpus(failures)
     assert cases, "the shrunk failure was not saved"
-    ok, detail = replay_case(cases[-1], "cpu", torch.float32)
+    ok, detail = replay_case(cases[-1], "cuda" if torch.cuda.is_available() else "cpu", torch.float32)
     assert not ok, f"the saved failure replays green: {detail}"
 
 

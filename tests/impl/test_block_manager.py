@@ -1,14 +1,11 @@
 """BlockManager: every bad-input path raises the spec's typed error and changes nothing; hash
 collisions never give a wrong hit; batched forms equal one-at-a-time; tensors; metrics."""
 
-import copy
-
 import numpy as np
 import pytest
 import torch
 
 from pagedkv.impl import BlockManager
-from pagedkv.impl.alloc.rows import RowTables
 from pagedkv.spec import (DuplicateSequence, InvalidArgument, InvalidState, KVSpec, OutOfBlocks,
                           UnknownSequence)
 
@@ -20,9 +17,8 @@ def state(bm: BlockManager) -> dict:
                      bm.cpu_block_table(s)) for s in bm.seq_ids()},
         "counts": (bm.num_free_blocks(), bm.num_evictable_blocks(), bm.num_free_cpu_blocks()),
         "refcounts": [bm.refcount(b) for b in range(bm.num_blocks)],
-        "pending": copy.deepcopy(bm.copies.pairs),
+        "pending": bm.copies.pending(),
         "metrics": bm.metrics(),
-        "tables": bm.rows.tables.tolist(),
     }
 
 
@@ -232,43 +228,6 @@ def test_block_tables_slot_mapping_and_seq_lens():
     assert prefill == [bm.block_table(4)[1] * B + 1, bm.block_table(4)[1] * B + 2, bm.block_table(5)[0] * B]
 
 
-def test_cpu_table_tensor_is_updated_in_place():
-    bm = BlockManager(8, 2, max_seqs=4, max_blocks_per_seq=4)
-    tensor = bm.rows.device_tensor
-    bm.add(1, [1, 2])
-    bm.append(1, 3)
-    assert bm.rows.device_tensor is tensor
-    assert tensor[bm.row_of[1], :2].tolist() == bm.block_table(1)
-
-
-class MirroredRows(RowTables):
-    """Keeps a separate table tensor, synced row by row, as on a GPU (testable without one)."""
-
-    shares_host_memory = False
-
-
-class MirroredBlockManager(BlockManager):
-    row_tables = MirroredRows
-
-
-def test_device_tables_sync_only_changed_rows():
-    bm = MirroredBlockManager(16, 2, max_seqs=2, max_blocks_per_seq=1)
-    bm.add(1, [1, 2, 3])
-    bm.add(2, [4])
-    assert bm.block_tables([1, 2]).tolist() == [bm.block_table(1), bm.block_table(2) + [-1]]
-    assert not bm.rows.dirty.any()
-    bm.append_batch([1, 2], [5, 6])            # 2 writes into its tail, 1 fills a block: no new block
-    assert not bm.rows.dirty.any()
-    bm.append_batch([1, 2], [7, 8])            # 1 takes a new block, 2 a new block too
-    assert bm.rows.dirty[[bm.row_of[1], bm.row_of[2]]].all()
-    bm.free(2)
-    bm.add(3, [9] * 5)                         # reuses 2's row
-    assert bm.block_tables([3, 1]).tolist() == [bm.block_table(3), bm.block_table(1)]
-    bm.add(4, [9] * 9)                         # more rows and columns: a new tensor, all rows dirty
-    assert bm.block_tables([4, 3]).tolist() == [bm.block_table(4), bm.block_table(3) + [-1, -1]]
-    assert torch.equal(bm.rows.device_tensor, torch.from_numpy(bm.rows.tables))
-
-
 def test_copies_are_queued_as_tensors_and_drained():
     bm = BlockManager(8, 2, num_cpu_blocks=4)
     bm.add(1, [1])
@@ -277,10 +236,11 @@ def test_copies_are_queued_as_tensors_and_drained():
     out = bm.swap_out(1)
     back = bm.swap_in(1)
     copies = bm.take_copies()
-    assert copies.cow.tolist() == [list(c) for c in cow] and copies.cow.dtype == torch.int64
-    assert copies.swap_out.tolist() == [list(c) for c in out]
-    assert copies.swap_in.tolist() == [list(c) for c in back]
-    assert all(t.shape == (0, 2) for t in bm.take_copies())
+    assert [(kind, pairs.tolist()) for kind, pairs in copies.phases] == [
+        ("cow", [list(c) for c in cow]), ("swap_out", [list(c) for c in out]), ("swap_in", [list(c) for c in back])]
+    assert all(pairs.dtype == torch.int64 for _, pairs in copies.phases)
+    assert copies.cow.tolist() == [list(c) for c in cow]
+    assert bm.take_copies().phases == () and len(bm.take_copies()) == 0
 
 
 def test_metrics_count_what_happened():
@@ -331,5 +291,7 @@ def test_cuda_tensors_equal_the_cpu_ones():
     for query in ("block_tables", "seq_lens", "slot_mapping"):
         gpu, cpu = getattr(on_gpu, query)(ids), getattr(on_cpu, query)(ids)
         assert gpu.device.type == "cuda" and torch.equal(gpu.cpu(), cpu), query
-    for gpu, cpu in zip(on_gpu.take_copies(), on_cpu.take_copies()):
+    gpu_copies, cpu_copies = on_gpu.take_copies(), on_cpu.take_copies()
+    assert [kind for kind, _ in gpu_copies.phases] == [kind for kind, _ in cpu_copies.phases]
+    for (_, gpu), (_, cpu) in zip(gpu_copies.phases, cpu_copies.phases):
         assert gpu.device.type == "cuda" and torch.equal(gpu.cpu(), cpu)
