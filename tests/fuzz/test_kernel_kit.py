@@ -24,6 +24,7 @@ from pagedkv.fuzz.kernel_kit.replay import main as replay_main
 from pagedkv.fuzz.kernel_machine import run_kernel_machine
 from pagedkv.kernels import gather_kv
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 MINIMAL = "pagedkv.fuzz.kernel_kit.minimal:factory"
 PLANTED = "pagedkv.fuzz.kernel_kit.minimal:tile_offset_bug"
 
@@ -128,7 +129,7 @@ def test_a_strided_kernel_gives_the_same_answer_on_the_vllm_and_fused_qkv_layout
     """The adapters' strided views are what engines pass: the minimal kernel, which honours strides,
     must give bit-identical output on them, and the fused q's neighbours are NaN."""
     case = slots_case("decode", block_size=5, heads=Heads(2, 3, 16), lengths=[9, 40, 3], seed=4)
-    batch, _ = build_batch(case, "cpu", torch.float32)
+    batch, _ = build_batch(case, DEVICE, torch.float32)
     kernel = load_kernel(MINIMAL).kernel
     options = dict(scale=batch.scale, sliding_window=None, softcap=None)
     expected = kernel.decode(batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, **options)
@@ -145,15 +146,15 @@ def test_a_strided_kernel_gives_the_same_answer_on_the_vllm_and_fused_qkv_layout
 def test_a_kernel_without_empty_rows_is_skipped_not_failed_on_length_zero_rows():
     minimal = load_kernel(MINIMAL)
     with_empty = slots_case("decode", block_size=4, heads=SMALL, lengths=[0, 9], seed=3)
-    batch, _ = build_batch(with_empty, "cpu", torch.float32)
+    batch, _ = build_batch(with_empty, DEVICE, torch.float32)
     raw = minimal.kernel.decode(batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
                                 scale=batch.scale, sliding_window=None, softcap=None)
     assert raw[0].isnan().all(), "the minimal kernel should be NaN on an empty row (it declares no empty_rows)"
-    outcome = run_case(with_empty, minimal, "cpu", torch.float32)
+    outcome = run_case(with_empty, minimal, DEVICE, torch.float32)
     assert outcome.status == "skipped" and "empty_rows" in outcome.detail
-    assert run_case(with_empty, load_kernel("pagedkv"), "cpu", torch.float32).status == "passed"
+    assert run_case(with_empty, load_kernel("pagedkv"), DEVICE, torch.float32).status == "passed"
     without = slots_case("decode", block_size=4, heads=SMALL, lengths=[5, 9], seed=3)
-    assert run_case(without, minimal, "cpu", torch.float32).status == "passed"
+    assert run_case(without, minimal, DEVICE, torch.float32).status == "passed"
 
 
 def test_undeclared_block_size_dtype_group_and_features_are_skipped(monkeypatch):
@@ -167,11 +168,11 @@ def test_undeclared_block_size_dtype_group_and_features_are_skipped(monkeypatch)
         "group 3": dict(base, heads=Heads(1, 3, 16)), "softcap": dict(base, options={"softcap": 5.0}),
     }
     for reason, spec in reasons.items():
-        outcome = run_case(slots_case("decode", **spec), narrow, "cpu", torch.float16)
+        outcome = run_case(slots_case("decode", **spec), narrow, DEVICE, torch.float16)
         assert outcome.status == "skipped" and reason in outcome.detail, (reason, outcome.detail)
-    assert "dtype float32" in run_case(slots_case("decode", **base), narrow, "cpu", torch.float32).detail
+    assert "dtype float32" in run_case(slots_case("decode", **base), narrow, DEVICE, torch.float32).detail
     # within every declaration it runs, and its zeros are wrong: declared means tested
-    assert run_case(slots_case("decode", **base), narrow, "cpu", torch.float16).status == "failed"
+    assert run_case(slots_case("decode", **base), narrow, DEVICE, torch.float16).status == "failed"
 
 
 def test_a_check_that_runs_nothing_fails(monkeypatch):
