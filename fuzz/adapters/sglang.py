@@ -39,6 +39,7 @@ pagedkv's wheel cache (`fuzz/adapters/wheels.py`) and loaded privately, with the
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import io
 import logging
@@ -110,15 +111,29 @@ OUT_OF_MEMORY = ("Out of memory", "Prefill out of memory", "Decode out of memory
 @functools.lru_cache(maxsize=None)
 def engine(modules: tuple = MODULES):
     """SGLang's `modules`: the normal install if it is 0.5.23, else the private load (module docstring)."""
-    if wheels.importable("sglang", VERSION):
-        return wheels.installed(modules)
-    roots = [wheels.install("sglang", VERSION, keep=_sources)]
-    roots += [wheels.install(name, version) for name, version in DEPENDENCIES]
-    loaded = wheels.load(roots, PACKAGES, modules, STUBS)
     # The allocation functions log an error and print the whole tree before raising out of memory;
     # the adapter reports that as OutOfBlocks, so the log line is noise in a fuzz run.
     logging.getLogger("sglang.srt.mem_cache.allocation").setLevel(logging.CRITICAL)
-    return loaded
+    if wheels.importable("sglang", VERSION):
+        return wheels.installed(modules)
+    with _install_lock():
+        roots = [wheels.install("sglang", VERSION, keep=_sources)]
+        roots += [wheels.install(name, version) for name, version in DEPENDENCIES]
+    return wheels.load(roots, PACKAGES, modules, STUBS)
+
+
+@contextlib.contextmanager
+def _install_lock():
+    """One installer at a time: pytest-xdist workers and campaign workers load the target at once, and
+    an install that finds another's half-made folder replaces it (wheels.unpack)."""
+    root = wheels.cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".sglang-install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _sources(member: str) -> bool:
@@ -230,9 +245,6 @@ class _Request:
     def _compute_max_prefix_len(self, input_len: int) -> int:
         return max(input_len - 1, 0)  # Req's rule: at least one token is computed
 
-    def __len__(self) -> int:
-        return self.kv.kv_committed_len
-
 
 # ---------------------------------------------------------------------- the subject
 
@@ -283,7 +295,7 @@ class SGLangRadixSubject:
         with self.sg.active():
             self.sg.common.match_kv_cache(req, self.cache, req.full_untruncated_fill_ids,
                                           max_prefix_len=req._compute_max_prefix_len(len(tokens)))
-            req.kv.cache_protected_len = req.prefix_len
+            req.kv.cache_protected_len = req.prefix_len   # as init_next_round_input: the tree owns the hit
             cached = req.prefix_len
             req.lock = self.cache.lock(req.last_node)
             if not self._admissible(len(tokens) - cached):
@@ -321,7 +333,7 @@ class SGLangRadixSubject:
 
     def block_table(self, seq_id: int) -> list:
         req = self._request(seq_id)
-        slots = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :len(req)].tolist()
+        slots = self.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :req.kv.kv_committed_len].tolist()
         pages = [slots[i] // self.B for i in range(0, len(slots), self.B)]
         misplaced = [(i, slot) for i, slot in enumerate(slots) if slot != pages[i // self.B] * self.B + i % self.B]
         if misplaced:  # the protocol's table says token i is at offset i % B of its block
@@ -347,6 +359,8 @@ class SGLangRadixSubject:
         return self.cache.prefix_device_indices(req)
 
     def _alloc_extend(self, req: _Request, prefix_len: int, seq_len: int):
+        """The prompt's new slots. Admission said they fit, so out of memory here would be SGLang's own
+        inconsistency: it propagates (a `crash` finding)."""
         if self.B == 1:
             return self.sg.allocation.alloc_token_slots(self.cache, seq_len - prefix_len)
         prefix = self._prefix_indices(req)

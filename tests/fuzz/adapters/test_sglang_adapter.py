@@ -253,18 +253,19 @@ def whole_prompt_hit(subject):
     return subject
 
 
-#: planted bug -> (config, a program that reaches it, the oracles that are its symptoms). Correct
-#: SGLang passes each program.
+#: planted bug -> (config, a program that reaches it, the oracles that are its symptoms: which one a
+#: campaign meets first varies, since SGLang evicts by wall-clock access time). Correct SGLang passes
+#: each program, and under policy `any` fires none of these oracles in a campaign.
 PLANTED = {
     # add(2)'s own allocation evicts the unlocked hit [0, 1] and hands its page out again
     unlocked_hit: ({"num_blocks": 3, "block_size": 2},
                    [["add", [1, [0, 1, 2]]], ["free", [1]], ["add", [2, [0, 1, 5, 5, 5]]]],
-                   ("block_range", "readback", "free_count")),
+                   ("block_range", "readback", "free_count", "oom_exact")),
     # [0, 1] is evicted for add(2) but still matched by add(3), over seq 2's KV
     stale_after_eviction: ({"num_blocks": 2, "block_size": 2},
                            [["add", [1, [0, 1, 2]]], ["free", [1]], ["add", [2, [3, 3, 3, 3]]], ["free", [2]],
                             ["add", [3, [0, 1, 2]]]],
-                           ("block_range", "readback", "free_count", "cache_hit")),
+                           ("block_range", "readback", "free_count", "oom_exact", "cache_hit")),
     # the partial page [2] is never given back
     leaked_page_on_free: ({"num_blocks": 2, "block_size": 2}, [["add", [1, [0, 1, 2]]], ["free", [1]]],
                           ("free_count",)),
