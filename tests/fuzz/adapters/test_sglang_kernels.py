@@ -11,7 +11,9 @@ import torch
 
 from pagedkv.fuzz.kernel_corpus import Heads, run_case
 from pagedkv.fuzz.kernel_kit.grids import slots_case
+from pagedkv.fuzz.kernel_kit.layouts import token_cache, token_slots
 from pagedkv.fuzz.kernel_kit.protocol import load_kernel
+from pagedkv.kernels import reference_prefill
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 GQA = Heads(num_kv_heads=2, group=2, head_dim=16)
@@ -73,3 +75,30 @@ def test_window_is_not_declared_and_skipped(sglang_kernels):
     case = slots_case("decode", block_size=2, heads=GQA, lengths=[6], seed=5, options={"sliding_window": 3})
     outcome = run_case(case, sglang_kernels, DEVICE, torch.float32)
     assert outcome.status == "skipped" and "sliding_window" in outcome.detail
+
+
+def test_extend_window_keeps_w_plus_one_keys_so_a_one_token_window_cannot_be_asked(sglang_kernels):
+    """Why `sliding_window` is not declared (besides the decode kernel taking none): the extend kernel's
+    `sliding_window_size = w` keeps keys p - w <= j <= p, and w = 0 means no window."""
+    torch.manual_seed(0)
+    k_cache, v_cache = torch.randn(8, 4, 2, 16), torch.randn(8, 4, 2, 16)
+    tables = torch.tensor([[3, 1, 5, 0]], dtype=torch.int32)
+    seq_lens, starts = torch.tensor([13], dtype=torch.int32), torch.tensor([0, 5], dtype=torch.int32)
+    q = torch.randn(5, 4, 16)
+    prefix_indptr, prefix_indices = token_slots(tables, torch.tensor([8], dtype=torch.int32), 4)
+    _, all_indices = token_slots(tables, seq_lens, 4)
+    k_tokens, v_tokens = token_cache(k_cache), token_cache(v_cache)
+
+    def extend(size):
+        out = torch.empty_like(q)
+        sglang_kernels.kernel._extend(q, k_tokens[all_indices[8:]].contiguous(), v_tokens[all_indices[8:]].contiguous(),
+                                      out, k_tokens, v_tokens, starts, prefix_indptr, prefix_indices, None, True, None,
+                                      5, 1.0, 1.0, sm_scale=0.25, sliding_window_size=size, page_size=4)
+        return out
+
+    def reference(window):
+        return reference_prefill(q, k_cache, v_cache, tables, seq_lens, starts, scale=0.25, sliding_window=window)
+
+    assert torch.allclose(extend(2), reference(3), atol=1e-5)
+    assert torch.allclose(extend(0), reference(None), atol=1e-5)
+    assert not torch.allclose(extend(0), reference(1), atol=1e-3)
