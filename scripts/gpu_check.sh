@@ -15,7 +15,7 @@
 # The device is offline (Python 3.12, torch, Triton, numpy, pytest, hypothesis, rich, click, xxhash;
 # no z3-solver, crosshair-tool, redis, matplotlib): pagedkv installs with --no-deps, and if even that
 # is impossible (no setuptools) it is put on PYTHONPATH as a tree of links. Each step has its own
-# time limit (T_* below, seconds; they sum to ~560) so one slow step cannot eat the others.
+# time limit (T_* below, seconds; they sum to 570) so one slow step cannot eat the others.
 #
 #   OUT=/some/dir scripts/gpu_check.sh        # default OUT: gpu_results/<UTC time>
 #   CPU_DRY_RUN=1 KERNEL_TESTS=tests/kernels/test_check.py scripts/gpu_check.sh
@@ -25,8 +25,9 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 OUT="${OUT:-gpu_results/$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$OUT"
-T_TESTS="${T_TESTS:-190}" T_CHECK="${T_CHECK:-90}" T_REPLAY="${T_REPLAY:-50}" T_DEMO="${T_DEMO:-30}"
-T_PROBES="${T_PROBES:-70}" T_BENCH="${T_BENCH:-130}" BENCH_GRID="${BENCH_GRID:-full}"
+T_TESTS="${T_TESTS:-170}" T_CHECK="${T_CHECK:-80}" T_CORPUS="${T_CORPUS:-30}" T_REPLAY="${T_REPLAY:-45}"
+T_PLANTED="${T_PLANTED:-30}" T_DEMO="${T_DEMO:-30}" T_PROBES="${T_PROBES:-60}" T_GRAPH="${T_GRAPH:-25}"
+T_BENCH="${T_BENCH:-100}" BENCH_GRID="${BENCH_GRID:-full}"
 KERNEL_TESTS="${KERNEL_TESTS:-tests/kernels tests/fuzz/test_kernel_kit.py}"
 CPU_DRY_RUN="${CPU_DRY_RUN:-0}"
 SUMMARY="$OUT/summary.txt"
@@ -104,12 +105,12 @@ run checks "$T_CHECK" "$SUMMARY" python -m pagedkv check --only kernels --only k
 # ---- 4. one corpus, several kernels ------------------------------------------------------------------
 CORPUS=/tmp/pagedkv_gpu_corpus
 rm -rf "$CORPUS"
-run corpus 40 "$OUT/replay.txt" python -m pagedkv gen-kernel-tests --out "$CORPUS" --count 30 --seed 17 \
-    --grid dev --dtype float32 --dtype float16 --dtype bfloat16 || status=1
+run corpus "$T_CORPUS" "$OUT/replay.txt" python -m pagedkv gen-kernel-tests --out "$CORPUS" --count 20 --seed 17 \
+    --grid ci --dtype float32 --dtype float16 --dtype bfloat16 || status=1
 run replay "$T_REPLAY" "$OUT/replay.txt" python -m pagedkv.fuzz.kernel_kit.replay "$CORPUS" \
     --kernel pagedkv --kernel pagedkv.fuzz.kernel_kit.minimal:factory --failures /tmp/pagedkv_gpu_failures.jsonl \
     || status=1
-run planted "$T_REPLAY" "$OUT/replay.txt" python -m pagedkv.fuzz.kernel_kit.replay "$CORPUS" --dtype "$PROBE_DTYPE" \
+run planted "$T_PLANTED" "$OUT/replay.txt" python -m pagedkv.fuzz.kernel_kit.replay "$CORPUS" --dtype "$PROBE_DTYPE" \
     --kernel pagedkv.fuzz.kernel_kit.minimal:tile_offset_bug --failures /tmp/pagedkv_gpu_planted.jsonl
 [ $? -eq 1 ] && echo "[planted] failed as it must (exit 1)" >> "$SUMMARY" \
              || { echo "[planted] DID NOT FAIL: the corpus lost its teeth" >> "$SUMMARY"; status=1; }
@@ -127,7 +128,7 @@ else
     echo "compute-sanitizer not found: memcheck cases run without it" >> "$OUT/probes.txt"
     run memcheck "$T_PROBES" "$OUT/probes.txt" python scripts/gpu_probes.py memcheck --dtype "$PROBE_DTYPE" || status=1
 fi
-run graph 40 "$OUT/probes.txt" python scripts/gpu_probes.py graph --dtype "$PROBE_DTYPE" || status=1
+run graph "$T_GRAPH" "$OUT/probes.txt" python scripts/gpu_probes.py graph --dtype "$PROBE_DTYPE" || status=1
 grep -E "^(ok|FAIL)|ERROR SUMMARY|Invalid" "$OUT/probes.txt" | head -n 20 >> "$SUMMARY"
 
 # ---- 7. the benchmark -----------------------------------------------------------------------------------
