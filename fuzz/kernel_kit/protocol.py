@@ -74,6 +74,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 #: Built-in target names. Shipped targets for other engines add their entry here.
 NAMED = {
     "pagedkv": "pagedkv.fuzz.kernel_kit.pagedkv_target:factory",
+    "vllm": "pagedkv.fuzz.adapters.vllm_kernel:factory",      # vLLM 0.33.0's Triton unified attention
     "sglang": "pagedkv.fuzz.adapters.sglang_kernels:factory",   # SGLang 0.5.23's Triton decode + extend
 }
 #: The environment variable that names the target of a replay (`pagedkv ... --kernel` wins).
