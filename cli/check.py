@@ -116,13 +116,13 @@ Progress goes to stderr. Ctrl-C stops the run, prints the checks that finished, 
                    "kernels and kernel-state checks (default: pagedkv's own kernels).")
 def check(profile, only, json_path, junit_path, kernel):
     import pagedkv.fuzz.profiles  # noqa: F401  registers the Hypothesis profiles
-    from pagedkv.cli.progress import Step, StepProgress
+    from pagedkv.cli.progress import Step, StepProgress, expected_seconds, remember_seconds
 
     selected = [(name, target) for name, target, _ in CHECKS if not only or name in only]
     if kernel:
         _check_kernel_target(kernel, [name for name, _ in selected])
-    steps = {name: Step(f"{number}/{len(selected)} {name}",
-                        expected_s=EXPECTED_CI_S.get(name) if profile == "ci" else None)
+    expected = expected_seconds(f"check {profile}", EXPECTED_CI_S if profile == "ci" else {})
+    steps = {name: Step(f"{number}/{len(selected)} {name}", expected_s=expected.get(name))
              for number, (name, _) in enumerate(selected, 1)}
     rows, interrupted = [], False
     with StepProgress(f"check --profile {profile}", steps) as progress:
@@ -133,6 +133,8 @@ def check(profile, only, json_path, junit_path, kernel):
                 progress.advance(name, failed=not rows[-1]["passed"])
         except KeyboardInterrupt:
             interrupted = True
+    if not kernel:   # another kernel's durations say nothing about the next plain run
+        remember_seconds(f"check {profile}", steps)
     not_run = [name for name, _ in selected[len(rows):]]
     out = human_console(json_path)
     print_table(out, profile, rows, not_run)

@@ -1,11 +1,16 @@
 """Live progress for long commands: a rich display on a terminal, plain lines when stderr is piped
 or redirected (CI logs), so a run of several minutes never looks like a hung one.
 
-Progress goes to stderr; stdout keeps the command's results.
+Progress goes to stderr; stdout keeps the command's results. Expected durations are those of the
+last run on this machine (remembered under $XDG_CACHE_HOME/pagedkv, else ~/.cache/pagedkv), or the
+figures measured on the project's 2-core machine before any run here.
 """
+import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pagedkv.cli.common import format_duration
 
@@ -94,3 +99,30 @@ class StepProgress:
 
     def _line(self, text: str) -> None:
         print(f"{self.title}: {text}", file=self.stream, flush=True)
+
+
+def _durations_file() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pagedkv" / "durations.json"
+
+
+def expected_seconds(kind: str, shipped: dict) -> dict:
+    """Seconds per step of `kind` (e.g. "check ci"): the last run's here, else the shipped figures."""
+    try:
+        remembered = json.loads(_durations_file().read_text()).get(kind, {})
+    except (OSError, ValueError, AttributeError):   # no run here yet, or a cache someone else wrote
+        remembered = {}
+    return {**shipped, **{key: value for key, value in remembered.items() if isinstance(value, (int, float))}}
+
+
+def remember_seconds(kind: str, steps: dict) -> None:
+    """Keep the durations of the steps that finished, for the next run's expectations."""
+    finished = {key: round(step.seconds, 1) for key, step in steps.items() if step.done >= step.total > 0}
+    path = _durations_file()
+    try:
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data = data if isinstance(data, dict) else {}
+        data[kind] = {**(data.get(kind) if isinstance(data.get(kind), dict) else {}), **finished}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=1, sort_keys=True))
+    except (OSError, ValueError):   # a read-only home must not fail a finished run over a convenience
+        pass

@@ -23,13 +23,13 @@ EXPECTED_CI_S = {
 
 
 def proof_steps(tasks: list, profile: str) -> dict:
-    from pagedkv.cli.progress import Step
+    from pagedkv.cli.progress import Step, expected_seconds
 
+    expected = expected_seconds(f"prove {profile}", EXPECTED_CI_S if profile == "ci" else {})
     steps = {}
     for name, _args in tasks:
         label = GROUPS.get(name, name)
-        step = steps.setdefault(label, Step(label, total=0,
-                                            expected_s=EXPECTED_CI_S.get(label) if profile == "ci" else None))
+        step = steps.setdefault(label, Step(label, total=0, expected_s=expected.get(label)))
         step.total += 1
     return steps
 
@@ -46,7 +46,7 @@ def prove(profile, json_path, workers):
 
     Progress (per obligation group) goes to stderr. Ctrl-C stops the run, prints the obligations that
     finished, and exits with status 130."""
-    from pagedkv.cli.progress import StepProgress
+    from pagedkv.cli.progress import StepProgress, remember_seconds
     from pagedkv.proofs.report import as_json, obligations, run_proofs
 
     steps = proof_steps(obligations(profile), profile)
@@ -64,6 +64,7 @@ def prove(profile, json_path, workers):
             results = run_proofs(profile, workers, on_done=on_done)
         except KeyboardInterrupt:
             interrupted, results = True, finished
+    remember_seconds(f"prove {profile}", steps)
     out = human_console(json_path)
     _print_results(out, profile, results)
     failed = [r for r in results if not r.passed]
