@@ -68,7 +68,6 @@ def copy_call(host: bool = True):
 
 CALLS = {"paged_decode": decode_call, "paged_prefill": prefill_call, "write_kv": write_call,
          "copy_blocks": copy_call}
-WRITES_CACHES = {"write_kv", "copy_blocks"}
 
 
 def run(fn, kwargs: dict):

@@ -7,6 +7,7 @@ checked) and without (the device tensors are read and checked): a range mutation
 the device tensor and to its host copy alike, as a caller with consistent metadata would pass.
 """
 
+import numpy as np
 import pytest
 import torch
 
@@ -84,7 +85,7 @@ PREFILL_RANGE = [
 ]
 SCALARS = [
     ("scale", "nan", {"scale": float("nan")}), ("scale", "bool", {"scale": True}),
-    ("softcap", "negative", {"softcap": -3.0}), ("sliding_window", "numpy bool", {"sliding_window": "np.bool_"}),
+    ("softcap", "negative", {"softcap": -3.0}), ("sliding_window", "numpy bool", {"sliding_window": np.bool_(True)}),
     ("sliding_window", "2**63 as float", {"sliding_window": 2.0**63}), ("validate", "int", {"validate": 1}),
 ]
 DECODE_SCALARS = [("num_splits", "bool", {"num_splits": True}), ("num_splits", "2**64", {"num_splits": 2**64}),
@@ -93,8 +94,7 @@ DECODE_SCALARS = [("num_splits", "bool", {"num_splits": True}), ("num_splits", "
 
 def _scalar(options):
     def mutate(kw):
-        for k, v in options.items():
-            kw[k] = __import__("numpy").bool_(True) if v == "np.bool_" else v
+        kw.update(options)
     return mutate
 
 

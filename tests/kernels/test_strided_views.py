@@ -19,7 +19,6 @@ from kernel_launchers import CALLS, run, same, snapshot, unchanged
 
 # Read by the kernels as ptr + i: a strided view cannot be passed through, so it must be refused.
 INDEX_ARGS = {"seq_lens", "query_start_loc", "slot_mapping", "pairs"}
-HOST_ARGS = {"seq_lens_host", "block_tables_host", "query_start_loc_host", "slot_mapping_host", "pairs_host"}
 
 CASES = [(name, arg) for name, make in CALLS.items() for arg, v in make()[1].items() if isinstance(v, torch.Tensor)]
 
