@@ -427,14 +427,18 @@ def run_kernel_state_check(profile: str, kernel: str | None = None) -> dict:
                 "detail": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
                           + (f" (case appended to {saved})" if saved else "")}
     missed = [path for path in PATHS if not tally[path]]
+    problems = [f"paths never reached: {', '.join(missed)}"] if missed else []
+    if not tally["decode_checks"] + tally["prefill_checks"]:   # a kernel that declares none of the machine's
+        problems.append(f"no batch was within the kernel's declarations (block sizes 1..{Limits().max_block_size}, "
+                        f"heads {HEADS}, float32): nothing was run")
     paths = summary(tally, PATHS)
     return {
         "name": "kernel-state",
         "covered": (f"{tally['examples']} examples, {tally['steps']} steps, {tally['decode_checks']} decode + "
                     f"{tally['prefill_checks']} prefill kernel checks"
                     + (f" of {target.target} ({tally['skipped_checks']} skipped)" if target else "") + f" ({paths})"),
-        "passed": not missed,
-        "detail": f"paths never reached: {', '.join(missed)}" if missed else "",
+        "passed": not problems,
+        "detail": "; ".join(problems),
     }
 
 

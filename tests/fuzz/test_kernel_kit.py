@@ -247,3 +247,19 @@ def test_the_minimal_kernel_compiles_for_the_gpu():
     env = dict(os.environ, TRITON_INTERPRET="0")
     proc = subprocess.run([sys.executable, "-c", AOT], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_kernel_state_with_a_kernel_that_declares_none_of_its_batches_fails(monkeypatch):
+    from hypothesis import HealthCheck, Phase
+
+    from pagedkv.fuzz import kernel_machine
+
+    quick = settings(max_examples=2, stateful_step_count=6, deadline=None, database=None, derandomize=True,
+                     phases=[Phase.generate], suppress_health_check=list(HealthCheck))
+    monkeypatch.setattr(kernel_machine, "kernel_settings_for", lambda profile: quick)
+    module = type(sys)("block16_kernel")
+    module.factory = lambda: Declares(block_sizes={16})
+    monkeypatch.setitem(sys.modules, "block16_kernel", module)
+    result = kernel_machine.run_kernel_state_check("ci", kernel="block16_kernel:factory")
+    assert not result["passed"] and "nothing was run" in result["detail"], result
+    assert "0 decode + 0 prefill kernel checks of block16_kernel:factory" in result["covered"]
