@@ -36,6 +36,7 @@ install the engine (no GPU, no CUDA libraries, a different Python environment). 
 """
 
 import contextlib
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -161,10 +162,13 @@ class Stub:
     """One entry of an adapter's stub table. `why` is said in the docs and in errors.
 
     hollow: the module is a package whose submodules load from the wheel but whose `__init__` is
-    skipped. Otherwise the module holds only what `provide(module)` sets."""
+    skipped. Otherwise the module holds only what `provide(module)` sets, and, with `any_name`, any
+    other name read from it is `unavailable` (for a grab-bag import such as psutil, whose names a
+    module reads at import time for annotations and defaults; using one still raises)."""
     why: str
     provide: Callable[[types.ModuleType], None] = None
     hollow: bool = False
+    any_name: bool = False
 
 
 class _UnavailableMeta(type):
@@ -202,6 +206,12 @@ def placeholders(*names: str, **values) -> Callable[[types.ModuleType], None]:
     return provide
 
 
+def _any_name(module_name: str, why: str, name: str):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return unavailable(f"{module_name}.{name}", why)
+
+
 class _StubLoader(importlib.abc.Loader):
     def __init__(self, stub: Stub):
         self.stub = stub
@@ -213,6 +223,8 @@ class _StubLoader(importlib.abc.Loader):
         module.__pagedkv_stub__ = self.stub.why
         if self.stub.provide is not None:
             self.stub.provide(module)
+        if self.stub.any_name:
+            module.__getattr__ = functools.partial(_any_name, module.__name__, self.stub.why)
 
 
 class _EngineFinder(importlib.abc.MetaPathFinder):
