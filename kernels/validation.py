@@ -375,21 +375,24 @@ def check_max_seq_len(max_seq_len, capacity: int, lens: torch.Tensor | None) -> 
 
 def check_block_ids(table: torch.Tensor, lens: torch.Tensor, block_size: int, num_blocks: int) -> None:
     """Every block a sequence actually reads (the first ceil(len / B) of its row) is in range.
-    ``lens`` int64; ``table`` in its own integer dtype (not widened: it is the large one)."""
-    if lens.numel() == 0:
+    ``lens`` int64; ``table`` in its own integer dtype (not widened: it is the large operand, so
+    the check is one mask, one select and one min/max pass over it)."""
+    if table.numel() == 0:
         return
     used = (lens + block_size - 1) // block_size
-    cols = torch.arange(table.shape[1], dtype=torch.int64)
-    bad = table.lt(0)
-    if num_blocks <= torch.iinfo(table.dtype).max:  # a larger bound would wrap in the comparison
-        bad.logical_or_(table.ge(num_blocks))
-    bad.logical_and_(cols[None, :] < used[:, None])
-    if bool(bad.any()):
-        s, j = _first(bad)
-        _fail(
-            f"block_tables[{s}, {j}] = {int(table[s, j])} is out of range [0, {num_blocks}) "
-            f"(sequence {s} has {int(lens[s])} tokens, so it reads {int(used[s])} blocks)"
-        )
+    in_use = torch.arange(table.shape[1], dtype=torch.int64)[None, :] < used[:, None]
+    if num_blocks > 0:
+        lo, hi = (int(x) for x in torch.aminmax(torch.where(in_use, table, 0)))  # 0: a valid stand-in
+        if lo >= 0 and hi < num_blocks:
+            return
+    elif not bool(in_use.any()):
+        return
+    bad = in_use & ((table < 0) | (table.to(torch.int64) >= num_blocks))
+    s, j = _first(bad)
+    _fail(
+        f"block_tables[{s}, {j}] = {int(table[s, j])} is out of range [0, {num_blocks}) "
+        f"(sequence {s} has {int(lens[s])} tokens, so it reads {int(used[s])} blocks)"
+    )
 
 
 def check_query_start_loc(qsl: torch.Tensor, num_tokens: int, lens: torch.Tensor | None) -> None:

@@ -265,3 +265,14 @@ def test_shares_memory_is_sound_and_exact_for_equal_nested_layouts(pair):
     assert claim or not truth, "missed a shared element"
     if a.stride() == b.stride() and _is_nested(_dims(a)):
         assert claim == truth
+
+
+def test_block_ids_against_an_empty_pool(device):
+    """No physical block: empty sequences are fine (nothing is read), any token is refused."""
+    k = torch.zeros(0, 4, 1, 16, device=device)
+    q = torch.zeros(2, 1, 16, device=device)
+    tables = torch.zeros(2, 1, dtype=torch.int32, device=device)
+    out = K.paged_decode(q, k, k.clone(), tables, torch.tensor([0, 0], dtype=torch.int32, device=device))
+    assert torch.count_nonzero(out) == 0
+    with pytest.raises(K.KernelArgumentError, match=r"block_tables\[1, 0\] = 0 is out of range \[0, 0\)"):
+        K.paged_decode(q, k, k.clone(), tables, torch.tensor([0, 1], dtype=torch.int32, device=device))
