@@ -177,7 +177,7 @@ def flex_fn(data, cfg, on_gpu: bool):
 
 # ------------------------------------------------------------------ one row
 
-def run_row(cfg, device, on_gpu: bool, copy_bw: float, gen, with_flex: bool) -> dict:
+def run_row(cfg, device, on_gpu: bool, copy_bw: float, gen) -> dict:
     data = build(cfg, device, gen)
     q, kc, vc, tables, lens, qsl = (data[k] for k in ("q", "k_cache", "v_cache", "tables", "seq_lens", "qsl"))
     if cfg["kind"] == "decode":
@@ -196,16 +196,21 @@ def run_row(cfg, device, on_gpu: bool, copy_bw: float, gen, with_flex: bool) -> 
     if cfg["kind"] != "decode":
         pairs = visible_pairs(cfg["ctx"], data["q_lens"])
         row["tflops"] = sig(4 * pairs * cfg["hq"] * cfg["d"] / (ms * 1e-3) / 1e12)
-    if with_flex:
-        flex, how = flex_fn(data, cfg, on_gpu)
-        row["flex"] = how
-        if flex is not None:
-            flex_ms = bench_ms(flex, on_gpu)
-            row.update(flex_ms=sig(flex_ms), ratio_to_flex=sig(ms / flex_ms))
     if all(cfg.get(k) == v for k, v in TARGET.items()):
         met = gbps / copy_bw >= TARGET_FRACTION
         row["target"] = f">= {TARGET_FRACTION:g} of copy bandwidth: {'MET' if met else 'NOT MET'}"
     return row
+
+
+def add_flex(row: dict, cfg, device, on_gpu: bool, gen) -> None:
+    """FlexAttention's time for a measured row (compiling it takes tens of seconds per shape, so these
+    run after every other row)."""
+    data = build(cfg, device, gen)
+    flex, how = flex_fn(data, cfg, on_gpu)
+    row["flex"] = how
+    if flex is not None:
+        flex_ms = bench_ms(flex, on_gpu)
+        row.update(flex_ms=float(f"{flex_ms:.4g}"), ratio_to_flex=float(f"{row['ms'] / flex_ms:.4g}"))
 
 
 def grid(name: str, on_gpu: bool) -> list[dict]:
@@ -262,15 +267,23 @@ def main(argv=None) -> int:
                   gpu_result=on_gpu, command=" ".join([os.path.basename(sys.executable), *sys.argv]),
                   torch=torch.__version__, triton=__import__("triton").__version__,
                   copy_bandwidth_gbps=round(copy_bw, 1), results=results)
-    for cfg in grid("smoke" if args.smoke else args.grid, on_gpu):
-        row_cfg = {k: v for k, v in cfg.items() if k != "flex"}
+    rows = grid("smoke" if args.smoke else args.grid, on_gpu)
+    plain = [{k: v for k, v in cfg.items() if k != "flex"} for cfg in rows]
+    steps = [(i, False) for i in range(len(rows))] + [(i, True) for i, cfg in enumerate(rows) if cfg.get("flex")]
+    for i, flex in steps:
         try:
-            results.append(run_row(row_cfg, device, on_gpu, copy_bw, gen, with_flex=cfg.get("flex", False)))
+            if not flex:
+                results.append(run_row(plain[i], device, on_gpu, copy_bw, gen))
+            elif "error" not in results[i]:
+                add_flex(results[i], plain[i], device, on_gpu, gen)
         except torch.cuda.OutOfMemoryError:
-            results.append(dict(row_cfg, error="out of memory"))
+            if flex:
+                results[i]["flex"] = "out of memory"
+            else:
+                results.append(dict(plain[i], error="out of memory"))
         if on_gpu:
             torch.cuda.empty_cache()
-        if args.json:  # after every row: a run cut short by a time limit still leaves its rows
+        if args.json:  # after every step: a run cut short by a time limit still leaves its rows
             with open(args.json, "w") as out:
                 json.dump(record, out, indent=2)
     print_table(results, dev_name, copy_bw, on_gpu)

@@ -99,6 +99,8 @@ run tests "$T_TESTS" "$OUT/kernel_tests.txt" python -m pytest -v --tb=short -p n
 grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$OUT/kernel_tests.txt" | tail -n 25 >> "$SUMMARY"
 
 # ---- 3. kernels + kernel-state checks on CUDA -------------------------------------------------------
+export PAGEDKV_KERNEL_FAILURES=/tmp/pagedkv_gpu_check_failures.jsonl   # copied into the summary below
+rm -f "$PAGEDKV_KERNEL_FAILURES"
 run checks "$T_CHECK" "$SUMMARY" python -m pagedkv check --only kernels --only kernel-state --profile ci \
     --json "$OUT/checks.json" || status=1
 
@@ -135,6 +137,11 @@ grep -E "^(ok|FAIL)|ERROR SUMMARY|Invalid" "$OUT/probes.txt" | head -n 20 >> "$S
 bench_size=(--grid "$BENCH_GRID"); [ "$CPU_DRY_RUN" = 1 ] && bench_size=(--smoke)
 run bench "$T_BENCH" "$SUMMARY" python bench/kernels.py "${bench_size[@]}" --json "$OUT/bench.json" || status=1
 
+if [ -s "$PAGEDKV_KERNEL_FAILURES" ] || [ -s /tmp/pagedkv_gpu_failures.jsonl ]; then
+    # replayable failure cases (a corpus: header line, then cases): commit them to tests/fuzz/kernel_regressions.jsonl
+    echo "---- saved failure cases (JSON lines) ----" >> "$SUMMARY"
+    cat "$PAGEDKV_KERNEL_FAILURES" /tmp/pagedkv_gpu_failures.jsonl 2>/dev/null >> "$SUMMARY"
+fi
 echo "exit status: $status" >> "$SUMMARY"
 ls "$OUT" >> "$SUMMARY"
 tail -n 60 "$SUMMARY"
