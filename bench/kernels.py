@@ -70,7 +70,6 @@ def copy_bandwidth_gbps(device, on_gpu: bool) -> float:
     x = torch.empty(nbytes // 2, dtype=torch.float16, device=device).normal_()
     y = torch.empty_like(x)
     ms = bench_ms(lambda: y.copy_(x), on_gpu)
-    del x, y
     return 2 * nbytes / (ms * 1e-3) / 1e9
 
 

@@ -281,7 +281,6 @@ def requirement(case: dict, dtype: torch.dtype) -> Requirement:
 
 
 def _history_cache(case: dict, heads: Heads, shape, dtype, device):
-    block_size = case["block_size"]
     k_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
     v_cache = k_cache.clone()
     slots, keys = [], []

@@ -5,7 +5,6 @@ default `gen-kernel-tests` corpus, with per-sequence reports and a saved case th
 
 import json
 import os
-import pathlib
 import subprocess
 import sys
 
