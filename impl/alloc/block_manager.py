@@ -100,7 +100,7 @@ class BlockManager:
         self.copies = PendingCopies(self.device, self.journal)
         self._admissions = 0
         self._creations = 0
-        self._last_batch = None               # (seq_ids, rows, rows.version): engines repeat batches
+        self._last_batch = None               # (the list, its plain ids, rows, rows.version)
         self.stats = dict.fromkeys(("prompt_tokens", "cached_tokens", "copies", "swap_outs",
                                     "swap_ins", "preempt_recompute", "preempt_swap"), 0)
         self._lock = threading.RLock()
@@ -267,7 +267,7 @@ class BlockManager:
         needs_tail, cow, _ = self._plan_append(rows)
         return int(np.count_nonzero(needs_tail | cow))
 
-    @_locked
+    @atomic   # a query, but it may compact the table arena to read windows off its end
     def block_tables(self, seq_ids) -> torch.Tensor:
         """int32 [N, M] block tables of these sequences on `device`, M = the most blocks any of
         them holds, -1 past a sequence's own blocks."""
@@ -431,22 +431,24 @@ class BlockManager:
         return row
 
     def _rows(self, seq_ids) -> np.ndarray:
-        """Rows of distinct known sequences. Engines pass the same batch step after step, so the
-        last batch's rows are remembered until a row is recycled (the ids are checked first: a
-        batch [False, True] equals [0, 1] but is no batch of sequence ids)."""
-        seq_ids = plain_seq_ids(seq_ids)
+        """Rows of distinct known sequences. Engines pass one batch list to several calls of a
+        step (and often the same list step after step), so the rows of the last list checked are
+        remembered until a row is recycled. A hit needs that very list object, unchanged: equality
+        alone would let [False, True] or [0.0, 1.0] pass as [0, 1] without their checks."""
         last = self._last_batch
-        if last is not None and last[2] == self.rows.version and last[0] == seq_ids:
-            return last[1]
+        if last is not None and seq_ids is last[0] and last[3] == self.rows.version and seq_ids == last[1]:
+            return last[2]
+        ids = plain_seq_ids(seq_ids)
         try:
-            rows = np.fromiter(map(self.row_of.__getitem__, seq_ids), np.int64, len(seq_ids))
+            rows = np.fromiter(map(self.row_of.__getitem__, ids), np.int64, len(ids))
         except KeyError as missing:
             raise UnknownSequence(missing.args[0]) from None
         seen = np.zeros(len(self.rows), dtype=bool)
         seen[rows] = True
         require(np.count_nonzero(seen) == len(rows), "a batch names a sequence twice")
         rows.setflags(write=False)   # shared with the memo: nobody may change it
-        self._last_batch = (list(seq_ids), rows, self.rows.version)
+        if type(seq_ids) is list:
+            self._last_batch = (seq_ids, list(ids), rows, self.rows.version)
         return rows
 
     def _forget_memo(self) -> None:

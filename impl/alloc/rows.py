@@ -3,22 +3,27 @@
 Each live sequence owns a *row*: one entry of each per-row array (length, blocks held, admission
 stamp, status, where its table lives), so a whole batch is read or written with a handful of numpy
 operations. Its block table is a *segment* of one int32 arena: `capacity` slots (a power of two, at
-least `MIN_CAPACITY`) from `start`, the first `num_held` of them its blocks. So
+least `MIN_CAPACITY`) from `start`, the first `num_held` of them its blocks, the rest -1. So
 
-- memory is proportional to the blocks held (each segment at most twice its table, plus segments
-  freed and not yet reused), not to the longest table times the number of rows;
-- a table that outgrows its segment moves to one twice as large: that copies its own blocks only,
-  amortized O(1) per block; the arena itself grows by doubling (one memcpy of the used part,
-  4 bytes per block held, amortized as well) and shrinks when three quarters of it are unused;
-- a batch's [N, M] tables are gathered in one fancy index (`arena[start + column]`), O(N * M).
+- memory is proportional to the blocks held: each segment is at most twice its table, and the
+  arena is at most four times the live segments plus what was placed since the last compaction
+  (a table is never stored at the width of the longest one);
+- new segments are placed at the arena's used end (bump allocation, no free lists). A table that
+  outgrows its segment moves to one twice as large, copying its own blocks only (amortized O(1)
+  per block; all of a batch's moves in a few numpy operations);
+- when the used end reaches the arena's end, or when three quarters of the arena hold no live
+  segment (a long table was freed), the live segments are *compacted* into a fresh arena twice
+  their size: O(live slots), paid for by the at least as many slots placed or freed since the last
+  compaction, so amortized O(1) per block as well;
+- a batch's [N, M] tables are gathered through a sliding-window view: one fancy index, O(N * M).
 
-Freed segments wait in per-capacity free lists; one ending at the arena's used end is given back
-to it. Every change goes through the manager's journal (`journal.py`), so a failed operation is
-undone. The tensor kernels read is gathered per call on the host and moved to the device.
+Every change goes through the manager's journal (`journal.py`), so a failed operation is undone.
+The tensor kernels read is gathered per call on the host and moved to the device.
 """
 
 import numpy as np
 import torch
+from numpy.lib.stride_tricks import as_strided
 
 from pagedkv.spec import RUNNING, SWAPPED, WAITING
 
@@ -45,9 +50,8 @@ class RowTables:
         self.version = 0                                      # bumped whenever a row is recycled
         self.min_arena = max_seqs * capacity_for(blocks_per_seq)
         self.arena = np.full(self.min_arena, -1, dtype=np.int32)
-        self.used = 0                                         # arena[used:] holds no segment
-        self.free_segments: dict = {}                         # capacity -> {start: None}, free
-        self.free_ending_at: dict = {}                        # end -> start of a free segment
+        self.used = 0                                         # arena[used:] is -1, never placed
+        self.live = 0                                         # slots in segments of live rows
 
     def __len__(self) -> int:
         return len(self.seq_len)
@@ -94,9 +98,11 @@ class RowTables:
 
     def set_table(self, row: int, table: list) -> None:
         journal = self.journal
-        if capacity_for(len(table)) != self.capacity[row]:
-            self._free_segment(row)
-            self._place(row, capacity_for(len(table)))
+        capacity = capacity_for(len(table))
+        if capacity != self.capacity[row]:
+            self._drop_segment(row)
+            if capacity:
+                self._place(np.array([row]), np.array([capacity]))
         start = int(self.start[row])
         journal.assign(self.arena, slice(start, start + len(table)), table)
         journal.assign(self.num_held, row, len(table))
@@ -112,17 +118,33 @@ class RowTables:
         """Append blocks[i] to the table of rows[i] (distinct rows)."""
         journal = self.journal
         held = self.num_held[rows]
-        for i in np.flatnonzero(held >= self.capacity[rows]).tolist():
-            self._move(int(rows[i]), capacity_for(int(held[i]) + 1))
+        full = held >= self.capacity[rows]
+        if full.any():
+            self._move(rows[full], held[full])
         journal.assign(self.arena, self.start[rows] + held, blocks)
         journal.assign(self.num_held, rows, held + 1)
 
     def gather(self, rows: np.ndarray, width: int) -> np.ndarray:
-        """int32 [len(rows), width] tables, -1 past each row's own blocks."""
-        columns = np.arange(width)
-        held = columns < self.num_held[rows][:, None]
-        return np.where(held, self.arena[np.where(held, self.start[rows][:, None] + columns, 0)], -1) \
-            .astype(np.int32, copy=False)
+        """int32 [len(rows), width] tables, -1 past each row's own blocks.
+
+        Each row reads `width` slots from its segment's start through a sliding-window view of
+        the arena (one fancy index, like the rows of a 2-D table). Slots past a table inside its
+        segment are -1 already; a row whose segment is narrower than `width` read past it, so
+        those columns are reset, one capacity (a power of two below `width`) at a time."""
+        if len(rows) == 0 or width == 0:
+            return np.full((len(rows), width), -1, dtype=np.int32)
+        self._ensure_tail_room(width)
+        windows = as_strided(self.arena, shape=(len(self.arena) - width + 1, width),
+                             strides=(self.arena.strides[0],) * 2, writeable=False)
+        caps = self.capacity[rows]
+        out = windows[self.start[rows]]
+        capacity = 0
+        while capacity < width:
+            narrow = caps == capacity
+            if narrow.any():
+                out[narrow, capacity:] = -1
+            capacity = MIN_CAPACITY if capacity == 0 else 2 * capacity
+        return out
 
     def blocks_at(self, rows: np.ndarray, index: np.ndarray) -> np.ndarray:
         """Block `index[i]` of the table of rows[i] (each index below that row's blocks held)."""
@@ -134,56 +156,63 @@ class RowTables:
 
     # ---------------------------------------------------------------- segments
 
-    def _move(self, row: int, capacity: int) -> None:
-        """Give a row a segment of `capacity`, its blocks copied there."""
-        table = self.table(row)
-        self._free_segment(row)
-        self._place(row, capacity)
-        start = int(self.start[row])
-        self.journal.assign(self.arena, slice(start, start + len(table)), table)
-
-    def _place(self, row: int, capacity: int) -> None:
+    def _move(self, rows: np.ndarray, held: np.ndarray) -> None:
+        """Move each (full) row's table to a segment twice its size at the used end."""
         journal = self.journal
-        journal.assign(self.capacity, row, capacity)
-        if capacity == 0:
-            journal.assign(self.start, row, 0)
-            return
-        free = self.free_segments.get(capacity)
-        if free:
-            start = next(iter(free))
-            journal.pop(free, start)
-            journal.pop(self.free_ending_at, start + capacity)
-        else:
-            start = self.used
-            if start + capacity > len(self.arena):
-                self._resize(max(2 * len(self.arena), start + capacity))
-            journal.set(self, "used", start + capacity)
-        journal.assign(self.start, row, start)
+        old_caps = self.capacity[rows]
+        self._place(rows, np.maximum(MIN_CAPACITY, 2 * old_caps), copy_held=held)
+        journal.set(self, "live", self.live - int(old_caps.sum()))
 
-    def _free_segment(self, row: int) -> None:
+    def _place(self, rows: np.ndarray, caps: np.ndarray, copy_held=None) -> None:
+        """Give each row a new segment of caps[i] slots at the used end (compacting first if the
+        arena has no room), copying its first copy_held[i] blocks over when given."""
         journal = self.journal
-        start, capacity = int(self.start[row]), int(self.capacity[row])
+        need = int(caps.sum())
+        if self.used + need > len(self.arena):
+            self._compact(room=need)
+        starts = self.used + np.cumsum(caps) - caps
+        if copy_held is not None and copy_held.sum():
+            offsets = np.arange(int(copy_held.sum())) - np.repeat(np.cumsum(copy_held) - copy_held, copy_held)
+            journal.assign(self.arena, np.repeat(starts, copy_held) + offsets,
+                           self.arena[np.repeat(self.start[rows], copy_held) + offsets])
+        journal.assign(self.start, rows, starts)
+        journal.assign(self.capacity, rows, caps)
+        journal.set(self, "used", self.used + need)
+        journal.set(self, "live", self.live + need)
+
+    def _drop_segment(self, row: int) -> None:
+        """The row's segment is garbage now (its slots are never read again: a window that reads
+        past a narrower segment is reset); compact if three quarters of the arena are garbage."""
+        capacity = int(self.capacity[row])
         if capacity == 0:
             return
-        journal.assign(self.arena, slice(start, start + capacity), -1)
+        journal = self.journal
         journal.assign(self.capacity, row, 0)
-        if start + capacity < self.used:
-            journal.put(self.free_segments.setdefault(capacity, {}), start, None)
-            journal.put(self.free_ending_at, start + capacity, start)
-            return
-        used = start   # the segment ends the used part: give it back, with free ones before it
-        while used in self.free_ending_at:
-            below = journal.pop(self.free_ending_at, used)
-            journal.pop(self.free_segments[used - below], below)
-            used = below
-        journal.set(self, "used", used)
-        if self.used <= len(self.arena) // 4 and len(self.arena) > self.min_arena:
-            self._resize(max(self.min_arena, 2 * self.used))
+        journal.assign(self.start, row, 0)
+        journal.set(self, "live", self.live - capacity)
+        if self.live <= len(self.arena) // 4 and len(self.arena) > self.min_arena:
+            self._compact(room=0)
 
-    def _resize(self, size: int) -> None:
-        arena = np.full(size, -1, dtype=np.int32)
-        arena[:self.used] = self.arena[:self.used]
-        self.journal.set(self, "arena", arena)
+    def _compact(self, room: int) -> None:
+        """Copy every live segment, in row order, into a fresh arena of twice their size plus
+        `room` free slots at its used end."""
+        journal = self.journal
+        rows = np.flatnonzero(self.capacity > 0)
+        caps = self.capacity[rows]
+        starts = np.cumsum(caps) - caps
+        arena = np.full(max(self.min_arena, 2 * (self.live + room)), -1, dtype=np.int32)
+        offsets = np.arange(self.live) - np.repeat(starts, caps)
+        arena[:self.live] = self.arena[np.repeat(self.start[rows], caps) + offsets]
+        start = self.start.copy()
+        start[rows] = starts
+        journal.set(self, "arena", arena)
+        journal.set(self, "start", start)
+        journal.set(self, "used", self.live)
+
+    def _ensure_tail_room(self, width: int) -> None:
+        """A window of `width` slots from any segment's start must stay inside the arena."""
+        if self.used + width > len(self.arena):
+            self._compact(room=width)
 
     # ---------------------------------------------------------------- running order
 
@@ -199,23 +228,21 @@ class RowTables:
         return row if stamps[row] >= 0 else -1
 
     def problems(self) -> list:
-        """Broken parts of `table_shape` in the storage: each table inside its own segment, the
-        segments of live rows and the free ones disjoint and below `used`, slots past a table -1."""
-        owned = np.zeros(self.used, dtype=np.int64)
-        problems = []
+        """Broken parts of `table_shape` in the storage: live segments disjoint and below `used`,
+        each table inside its own segment, slots past a table -1, the arena past `used` -1."""
         live = [row for row, record in enumerate(self.seq) if record is not None]
-        spans = [(int(self.start[r]), int(self.capacity[r]), f"row {r}") for r in live if self.capacity[r]]
-        spans += [(start, cap, "a free segment") for cap, free in self.free_segments.items() for start in free]
-        for start, cap, owner in spans:
-            if start + cap > self.used:
-                problems.append(f"{owner}'s segment {start}+{cap} is past the used arena ({self.used})")
-            else:
-                owned[start:start + cap] += 1
-        problems += [f"arena slot {i} is in {owned[i]} segments" for i in np.flatnonzero(owned > 1)[:3].tolist()]
+        problems, owned = [], np.zeros(self.used, dtype=np.int64)
         for row in live:
             start, held, cap = int(self.start[row]), int(self.num_held[row]), int(self.capacity[row])
-            if held > cap or (held == 0) != (cap == 0):
-                problems.append(f"row {row} holds {held} blocks in a segment of {cap}")
-            elif (self.arena[start + held:start + cap] != -1).any():
+            if held > cap or (held == 0) != (cap == 0) or start + cap > self.used:
+                problems.append(f"row {row} holds {held} blocks in a segment of {cap} at {start} (used {self.used})")
+                continue
+            owned[start:start + cap] += 1
+            if (self.arena[start + held:start + cap] != -1).any():
                 problems.append(f"row {row} has blocks past its {held} in its segment")
+        problems += [f"arena slot {i} is in {owned[i]} segments" for i in np.flatnonzero(owned > 1)[:3].tolist()]
+        if self.live != sum(int(self.capacity[r]) for r in live):
+            problems.append(f"{self.live} live arena slots counted, the live rows' segments hold another number")
+        if (self.arena[self.used:] != -1).any():
+            problems.append("the arena past its used end holds blocks")
         return problems

@@ -245,10 +245,10 @@ def test_memory_error_while_the_table_arena_grows(monkeypatch):
     bm.add(1, [1, 2])
     before = manager_state(bm)
 
-    def out_of_memory(self, size):
-        raise MemoryError(f"cannot allocate {size} slots")
+    def out_of_memory(self, room):
+        raise MemoryError(f"cannot allocate a table arena with {room} free slots")
 
-    monkeypatch.setattr(RowTables, "_resize", out_of_memory)
+    monkeypatch.setattr(RowTables, "_compact", out_of_memory)
     with pytest.raises(MemoryError):
         bm.add(2, list(range(3000)))
     assert manager_state(bm) == before and bm.num_free_blocks() == 3998
