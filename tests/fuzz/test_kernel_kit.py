@@ -262,3 +262,60 @@ def test_kernel_state_with_a_kernel_that_declares_none_of_its_batches_fails(monk
     result = kernel_machine.run_kernel_state_check("ci", kernel="block16_kernel:factory")
     assert not result["passed"] and "nothing was run" in result["detail"], result
     assert "0 decode + 0 prefill kernel checks of block16_kernel:factory" in result["covered"]
+
+
+# ------------------------------------------------------------------ the grid and the reports
+
+def test_the_default_grid_reaches_what_multi_tile_bugs_need():
+    from pagedkv.fuzz.kernel_kit.grids import TILES, designed_corpus
+
+    cases = designed_corpus("ci")
+    reach = {(t, kind) for t in TILES for case in cases for kind in ("B does not divide T", "T does not divide B")
+             if any(s["length"] > 2 * t for s in case["seqs"])
+             and (case["block_size"] % t if kind == "T does not divide B" else t % case["block_size"])}
+    assert reach == {(t, kind) for t in TILES for kind in ("B does not divide T", "T does not divide B")}
+    used = [[s["table"][:-(-s["length"] // c["block_size"])] for s in c["seqs"]] for c in cases]
+    assert any(len(set(row)) < len(row) for rows in used for row in rows), "no table names a block twice"
+    assert any(len({b for row in rows for b in row}) < sum(map(len, rows)) for rows in used), "no shared block"
+    lengths = {s["length"] % t for c in cases for s in c["seqs"] for t in TILES}
+    assert lengths - {0}, "every length is a multiple of a tile"
+
+
+class Perturbed:
+    """The dense reference itself, with sequence `row`'s output shifted (or NaN): a kernel whose every
+    error is known, to check that the report names exactly the wrong sequence."""
+
+    capabilities = frozenset({"empty_rows"})
+    tile_size = 32
+
+    def __init__(self, row: int, nan: bool):
+        self.row, self.nan = row, nan
+
+    def decode(self, q, k_cache, v_cache, block_tables, seq_lens, *, scale, sliding_window, softcap):
+        from pagedkv.kernels import reference_decode
+
+        out = reference_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=scale).to(q.dtype)
+        out[self.row, 1] = float("nan") if self.nan else out[self.row, 1] + 0.5
+        return out
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.integers(1, 70), min_size=1, max_size=4), st.integers(1, 9), st.data())
+def test_a_failure_report_names_exactly_the_wrong_sequence(lengths, block_size, data):
+    from pagedkv.fuzz.kernel_kit.conformance import run_batch
+    from pagedkv.fuzz.kernel_kit.protocol import LoadedKernel, declaration_of
+
+    row, nan = data.draw(st.integers(0, len(lengths) - 1)), data.draw(st.booleans())
+    case = slots_case("decode", block_size=block_size, heads=Heads(1, 3, 8), lengths=lengths, seed=len(lengths))
+    batch, _ = build_batch(case, "cpu", torch.float32)
+    kernel = Perturbed(row, nan)
+    outcome = run_batch(LoadedKernel("perturbed", kernel, declaration_of(kernel)), batch)
+    blocks = case["seqs"][row]["table"][:-(-lengths[row] // block_size)]
+    assert outcome.status == "failed" and len(outcome.rows) == 1, outcome.detail
+    prefix = f"sequence {row} (length {lengths[row]}, 1 query, blocks {str(blocks[:12])[:-1]}"   # long lists cut
+    assert outcome.rows[0].startswith(prefix), outcome.rows[0]
+    assert f"of {block_size} slots, key tile 32)" in outcome.rows[0]
+    if nan:
+        assert f"NaN/inf at query positions [{lengths[row] - 1}], heads [1]" in outcome.rows[0]
+    else:
+        assert "max err 0.5 > bound" in outcome.rows[0]
