@@ -122,6 +122,15 @@ def test_refusals_change_nothing():
         subject.free(9)
     subject.free(1)
     assert subject.num_free_blocks() == 2
+    with pytest.raises(ValueError):
+        make(0, 2)
+
+
+def test_page_sizes_beyond_the_declared_range_work():
+    subject = make(4, 32)
+    assert subject.add(1, list(range(40))) == 0 and subject.block_table(1) == [0, 1]
+    subject.free(1)
+    assert subject.add(2, list(range(70))) == 32       # the one full page of seq 1's 40 tokens
 
 
 # ---------------------------------------------------------------------- where correct SGLang and the spec part
