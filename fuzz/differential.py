@@ -73,12 +73,9 @@ class TalliedMachine(RuleBasedStateMachine):
 
 
 class DifferentialMachine(TalliedMachine):
-    hash_algo = "xxhash"   # a test may swap in a colliding chain hash (spec side patched alike)
-
     @initialize(config=configs)
     def setup(self, config):
-        self.spec, self.impl = KVSpec(**config), BlockManager(**config, hash_algo=self.hash_algo,
-                                                              max_seqs=2, max_blocks_per_seq=1)
+        self.spec, self.impl = KVSpec(**config), BlockManager(**config, max_seqs=2, max_blocks_per_seq=1)
         self.gpu, self.cpu = Renaming("gpu"), Renaming("cpu")
         self.fresh = FreshIds(start=6)   # fresh ids start above the small ids `wrong_ids` uses
         self.tally["examples"] += 1

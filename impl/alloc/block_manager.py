@@ -40,7 +40,6 @@ from pagedkv.spec.blocks import blocks_needed
 from .arguments import (check_device, check_prompt, check_token_batch, check_token_counts, plain_seq_id,
                         plain_seq_ids, plain_token)
 from .block_pool import BlockPool
-from .chain_hash import CHAIN_HASHES
 from .copies import Copies, PendingCopies
 from .cpu_pool import CpuPool
 from .invariants import invariant_problems
@@ -75,7 +74,7 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int, *, num_cpu_blocks: int = 0,
                  prefix_caching: bool = False, device="cpu", max_seqs: int = 256,
-                 max_blocks_per_seq: int = 64, hash_algo="xxhash"):
+                 max_blocks_per_seq: int = 64):
         require(is_int(num_blocks) and num_blocks >= 1, f"num_blocks must be >= 1, got {num_blocks!r}")
         require(is_int(block_size) and block_size >= 1, f"block_size must be >= 1, got {block_size!r}")
         require(is_int(num_cpu_blocks) and num_cpu_blocks >= 0,
@@ -84,14 +83,11 @@ class BlockManager:
         require(is_int(max_seqs) and max_seqs >= 1, f"max_seqs must be >= 1, got {max_seqs!r}")
         require(is_int(max_blocks_per_seq) and max_blocks_per_seq >= 1,
                 f"max_blocks_per_seq must be >= 1, got {max_blocks_per_seq!r}")
-        require(callable(hash_algo) or (isinstance(hash_algo, str) and hash_algo in CHAIN_HASHES),
-                f"hash_algo must be one of {tuple(CHAIN_HASHES)} or a chain-hash function, got {hash_algo!r}")
         self.device = check_device(device)
         self.num_blocks, self.block_size, self.num_cpu_blocks = num_blocks, block_size, num_cpu_blocks
         self.prefix_caching = prefix_caching
         self.journal = Journal()
-        chain_hash = hash_algo if callable(hash_algo) else CHAIN_HASHES[hash_algo]
-        self.cache = PrefixCache(chain_hash, self.journal) if prefix_caching else None
+        self.cache = PrefixCache(self.journal) if prefix_caching else None
         self.pool = BlockPool(num_blocks, self.journal, self.cache)
         self.cpu_pool = CpuPool(num_cpu_blocks, block_size, self.journal)
         self.block_tokens = np.zeros((num_blocks, block_size), dtype=np.int64)
@@ -348,9 +344,9 @@ class BlockManager:
     def cached_prefix_tokens(self, tokens: list) -> int:
         """Prompt tokens an `add` of `tokens` would serve from the prefix cache now (a lookup
         that changes nothing)."""
-        tokens = check_prompt(tokens).tolist()
+        tokens = check_prompt(tokens)
         B = self.block_size
-        return len(self.cache.lookup(tokens, (len(tokens) - 1) // B, B)) * B if self.cache else 0
+        return len(self.cache.lookup(tokens.tobytes(), (len(tokens) - 1) // B, B)) * B if self.cache else 0
 
     @_locked
     def refcount(self, block: int) -> int:
@@ -483,7 +479,7 @@ class BlockManager:
         (nothing changed) when they are not there. Hits waiting in the LRU are not available.
         At most (len - 1) // B blocks hit: the prompt's last token is always computed."""
         B = self.block_size
-        hits = self.cache.lookup(tokens.tolist(), (len(tokens) - 1) // B, B) if self.cache else []
+        hits = self.cache.lookup(tokens.tobytes(), (len(tokens) - 1) // B, B) if self.cache else []
         needed = blocks_needed(len(tokens), B) - len(hits)
         available = self.pool.num_free() - sum(1 for b in hits if self.pool.ref_count[b] == 0)
         if needed > available:
@@ -513,7 +509,7 @@ class BlockManager:
             return
         for j in range(first, stop):
             block = table[j]
-            self.cache.fill(block, table[j - 1] if j else None, tuple(self.block_tokens[block].tolist()))
+            self.cache.fill(block, table[j - 1] if j else None, self.block_tokens[block].tobytes())
 
     def _plan_append(self, rows: np.ndarray):
         """For appending one token to each row in this order: who needs a fresh tail (tail full)
@@ -548,11 +544,21 @@ class BlockManager:
         offsets = lens % B
         journal.assign(self.block_tokens, (table_rows.tails(rows), offsets), tokens)
         journal.assign(table_rows.seq_len, rows, lens + 1)
-        if self.cache is not None:
-            for i in np.flatnonzero(offsets == B - 1).tolist():
-                table = table_rows.table(rows[i])
-                self._fill_cache(table, len(table) - 1, len(table))
+        filled = np.flatnonzero(offsets == B - 1)
+        if self.cache is not None and len(filled):
+            self._index_filled_tails(rows[filled])
         return copies
+
+    def _index_filled_tails(self, rows: np.ndarray) -> None:
+        """Index the tail block each of these rows just filled, after the block before it, in
+        batch order (all gathered in a few numpy operations, one cache call per block)."""
+        held = self.rows.num_held[rows]
+        tails = self.rows.tails(rows)
+        parents = np.where(held > 1, self.rows.blocks_at(rows, np.maximum(held - 2, 0)), -1)
+        step = 8 * self.block_size
+        contents = self.block_tokens[tails].tobytes()
+        for i, (tail, parent) in enumerate(zip(tails.tolist(), parents.tolist())):
+            self.cache.fill(tail, parent if parent >= 0 else None, contents[i * step:(i + 1) * step])
 
     def _copy_on_write(self, rows, src, dst) -> list:
         if not len(rows):

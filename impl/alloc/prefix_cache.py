@@ -1,105 +1,95 @@
-"""Prefix cache: full blocks indexed by a chained hash, every hit confirmed by exact content.
+"""Prefix cache: full blocks indexed by their exact content, as the spec's.
 
-A hash is only a name. What a block really holds is its *content*: its tokens after one exact
-prefix. Contents are interned as a trie, `(parent content, block tokens) -> Content`, so two blocks
-hold the same KV exactly when they point at the same `Content` object.
+What a full block holds is its *content*: its tokens after one exact prefix. Contents are interned
+as a trie, one `Content` node per distinct prefix of full blocks, each node keyed in its parent by
+its block's tokens as raw int64 bytes. A node knows its *holders*: the indexed blocks whose KV is
+that prefix. So the index is exact by construction (Python's dict confirms every key by equality;
+no hash of ours can collide), and it is the spec's: every block is indexed when it fills, beside any
+equal block already indexed; a hit takes the lowest-numbered holder; an evicted or wiped block
+leaves only its own node's holders, so an equal block still serves.
 
-The hash index decides, as in the spec, which block is *the* cached one: a block that fills is
-indexed under its content's chained hash unless that hash is already taken. A lookup walks the trie
-with the prompt's blocks and takes, for each content, the block indexed under its hash — the hit the
-spec's "look up the hash, confirm the content" finds, without hashing the prompt again. A hash
-collision can therefore cost a cache miss (the second content is never indexed), never a wrong hit.
+A lookup walks the trie with the prompt's blocks, one dict probe per block on bytes sliced from one
+buffer, and stops at the first prefix nobody holds. A node lives while it has holders or children.
 
-Every full block that holds computed KV (live, or released but still indexed) has a content; a
-content lives while a block or a child content refers to it. Every change goes through the
-manager's journal (`journal.py`), so a failed operation (a `chain_hash` that raises, say) is undone.
+Every change goes through the manager's journal (`journal.py`), so a failed operation is undone.
 """
-
-from .chain_hash import ChainHash
 
 
 class Content:
-    """The tokens of one full block after one exact prefix (the parent content)."""
+    """One prefix of full blocks: the last block's tokens (bytes) after the parent prefix."""
 
-    __slots__ = ("parent", "tokens", "hash", "refs")
+    __slots__ = ("parent", "key", "children", "holders")
 
-    def __init__(self, parent, tokens: tuple, hash_: int):
-        self.parent, self.tokens, self.hash, self.refs = parent, tokens, hash_, 0
-
-    @property
-    def key(self) -> tuple:
-        return (self.parent, self.tokens)
+    def __init__(self, parent, key: bytes):
+        self.parent, self.key = parent, key
+        self.children: dict = {}   # block tokens (int64 bytes) -> Content
+        self.holders: set = set()  # indexed blocks holding exactly this prefix
 
 
 class PrefixCache:
-    def __init__(self, chain_hash: ChainHash, journal):
-        self.chain_hash = chain_hash
+    def __init__(self, journal):
         self.journal = journal
-        self.hash_to_block: dict = {}    # the index: chained hash -> the block cached under it
-        self.content_of: dict = {}       # full block -> Content
-        self.contents: dict = {}         # (parent Content | None, tokens) -> Content
+        self.root = Content(None, b"")
+        self.content_of: dict = {}   # indexed block -> its Content
 
     def is_indexed(self, block: int) -> bool:
-        content = self.content_of.get(block)
-        return content is not None and self.hash_to_block.get(content.hash) == block
+        return block in self.content_of
 
-    def indexed_block(self, content: Content):
-        """The block cached under `content`'s hash if it holds that content (a hit), else None."""
-        block = self.hash_to_block.get(content.hash)
-        return block if block is not None and self.content_of[block] is content else None
-
-    def lookup(self, tokens: list, max_blocks: int, block_size: int) -> list:
-        """Indexed blocks holding the leading full blocks of `tokens`, at most `max_blocks`."""
-        hits, parent = [], None
-        for j in range(max_blocks):
-            parent = self.contents.get((parent, tuple(tokens[j * block_size:(j + 1) * block_size])))
-            block = None if parent is None else self.indexed_block(parent)
-            if block is None:
+    def lookup(self, token_bytes: bytes, max_blocks: int, block_size: int) -> list:
+        """The lowest-numbered holder of each leading full block of a prompt given as int64 bytes,
+        at most `max_blocks` of them, up to the first prefix that nobody holds."""
+        step, node, hits = 8 * block_size, self.root, []
+        for start in range(0, max_blocks * step, step):
+            node = node.children.get(token_bytes[start:start + step])
+            if node is None or not node.holders:
                 break
-            hits.append(block)
+            hits.append(min(node.holders))
         return hits
 
-    def fill(self, block: int, parent_block, block_tokens: tuple) -> None:
-        """`block` just became full after `parent_block` (None for a sequence's first block):
-        record its content and index it unless its hash is already indexed."""
+    def fill(self, block: int, parent_block, block_bytes: bytes) -> None:
+        """Index `block`, which just became full after `parent_block` (None for a sequence's first
+        block); its tokens as int64 bytes. A block already indexed keeps its content."""
+        if block in self.content_of:
+            return
         journal = self.journal
-        parent = None if parent_block is None else self.content_of[parent_block]
-        content = self.contents.get((parent, block_tokens))
-        if content is None:
-            content = Content(parent, block_tokens, self.chain_hash(parent and parent.hash, block_tokens))
-            if parent is not None:
-                journal.set(parent, "refs", parent.refs + 1)
-            journal.put(self.contents, content.key, content)
-        journal.set(content, "refs", content.refs + 1)
-        journal.put(self.content_of, block, content)
-        if content.hash not in self.hash_to_block:
-            journal.put(self.hash_to_block, content.hash, block)
+        parent = self.root if parent_block is None else self.content_of[parent_block]
+        node = parent.children.get(block_bytes)
+        if node is None:
+            node = Content(parent, block_bytes)
+            journal.put(parent.children, block_bytes, node)
+        journal.undo.append((node.holders.discard, (block,)))
+        node.holders.add(block)
+        journal.put(self.content_of, block, node)
 
     def forget(self, block: int) -> None:
-        """`block` is wiped (freed or evicted): drop it from the index and release its content."""
-        journal = self.journal
-        if self.is_indexed(block):
-            journal.pop(self.hash_to_block, self.content_of[block].hash)
+        """`block` is wiped (freed or evicted): it no longer holds its prefix."""
         if block not in self.content_of:
             return
-        content = journal.pop(self.content_of, block)
-        while content is not None:
-            journal.set(content, "refs", content.refs - 1)
-            if content.refs:
-                break
-            journal.pop(self.contents, content.key)
-            content = content.parent
+        journal = self.journal
+        node = journal.pop(self.content_of, block)
+        journal.undo.append((node.holders.add, (block,)))
+        node.holders.discard(block)
+        while node is not self.root and not node.holders and not node.children:
+            journal.pop(node.parent.children, node.key)
+            node = node.parent
 
     def problems(self, block_tokens) -> list:
         """Broken parts of the `cache_index` invariant (`block_tokens[b]`: what block b holds)."""
         problems = []
-        for block, content in self.content_of.items():
-            if tuple(block_tokens[block].tolist()) != content.tokens:
+        for block, node in self.content_of.items():
+            if block_tokens[block].tobytes() != node.key:
                 problems.append(f"block {block} does not hold the tokens of its content")
-            parent_hash = content.parent and content.parent.hash
-            if content.hash != self.chain_hash(parent_hash, content.tokens):
-                problems.append(f"block {block}'s content hash is not its chained hash")
-        for h, block in self.hash_to_block.items():
-            if block not in self.content_of or self.content_of[block].hash != h:
-                problems.append(f"indexed block {block} does not hold content hashing to {h}")
+            if block not in node.holders:
+                problems.append(f"indexed block {block} is not among its content's holders")
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            for key, child in node.children.items():
+                if child.parent is not node or child.key != key:
+                    problems.append("a content is filed under the wrong parent or key")
+                if not child.holders and not child.children:
+                    problems.append("a content no block holds is kept")
+                problems += [f"block {b} is a holder of a content it is not indexed under"
+                             for b in child.holders if self.content_of.get(b) is not child]
+                stack.append(child)
         return problems

@@ -19,6 +19,7 @@ import pytest
 import pagedkv.impl.alloc as alloc
 import pagedkv.impl.sched as sched
 from pagedkv.impl import BlockManager, Scheduler, SchedulerConfig
+from pagedkv.impl.alloc.prefix_cache import PrefixCache
 from pagedkv.impl.alloc.rows import RowTables
 
 CODE_UNDER_TEST = tuple(str(Path(package.__file__).parent) + os.sep for package in (alloc, sched))
@@ -62,9 +63,14 @@ class FaultInjector:
 def content_chain(content) -> tuple:
     chain = []
     while content is not None:
-        chain.append(content.tokens)
+        chain.append(content.key)
         content = content.parent
     return tuple(reversed(chain))
+
+
+def trie(node) -> dict:
+    """The prefix trie below `node` as plain data: key -> (holders, children)."""
+    return {key: (sorted(child.holders), trie(child)) for key, child in node.children.items()}
 
 
 def manager_state(bm: BlockManager) -> dict:
@@ -83,9 +89,8 @@ def manager_state(bm: BlockManager) -> dict:
         "tables": bm.block_tables(ids).tolist(),
     }
     if bm.cache is not None:
-        state["index"] = {h: b for h, b in bm.cache.hash_to_block.items()}
         state["contents"] = {b: content_chain(c) for b, c in bm.cache.content_of.items()}
-        state["content_refs"] = {content_chain(c): c.refs for c in bm.cache.contents.values()}
+        state["trie"] = trie(bm.cache.root)
     return state
 
 
@@ -258,22 +263,25 @@ def test_memory_error_while_the_table_arena_grows(monkeypatch):
     bm.check()
 
 
-def test_a_hash_function_that_raises_leaves_no_sequence_behind():
+def test_a_cache_fill_that_raises_leaves_no_sequence_behind(monkeypatch):
     calls = []
+    fill = PrefixCache.fill
 
-    def flaky_hash(parent_hash, block_tokens):
-        calls.append(block_tokens)
-        if len(calls) == 3:
-            raise RuntimeError("hash service down")
-        return hash((parent_hash, block_tokens))
+    def flaky_fill(self, block, parent_block, block_bytes):
+        calls.append(block)
+        if len(calls) == 2:
+            raise RuntimeError("cache index down")
+        return fill(self, block, parent_block, block_bytes)
 
-    bm = BlockManager(16, 2, prefix_caching=True, hash_algo=flaky_hash)
-    bm.add(1, [1, 2, 3, 4])                    # hashes 2 blocks
+    bm = BlockManager(16, 2, prefix_caching=True)
+    bm.add(1, [1, 2, 3, 4])                    # indexes 2 blocks
+    monkeypatch.setattr(PrefixCache, "fill", flaky_fill)
     before = manager_state(bm)
-    with pytest.raises(RuntimeError, match="hash service down"):
-        bm.add(2, [5, 6, 7, 8, 9])             # the 2nd of its blocks fails to hash
+    with pytest.raises(RuntimeError, match="cache index down"):
+        bm.add(2, [5, 6, 7, 8, 9])             # the 1st of its 2 full blocks is indexed, the 2nd fails
     assert manager_state(bm) == before and bm.seq_ids() == [1]
     bm.check()
-    assert bm.add(2, [5, 6, 7, 8, 9]) == 0     # the service is back
+    monkeypatch.undo()
+    assert bm.add(2, [5, 6, 7, 8, 9]) == 0     # the index is back
     assert bm.add(3, [5, 6, 7, 8, 1]) == 4
     bm.check()
