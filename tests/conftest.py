@@ -18,6 +18,18 @@ def pytest_collection_modifyitems(config, items):
     if gpu_only:
         config.hook.pytest_deselected(items=gpu_only)
         items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+        config.stash[GPU_DESELECTED] = len(gpu_only)
+
+
+GPU_DESELECTED = pytest.StashKey[int]()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Say why tests were deselected, rather than leave a bare count in the last line."""
+    count = config.stash.get(GPU_DESELECTED, 0)
+    if count:
+        terminalreporter.write_line(f"{count} GPU test{'s' if count > 1 else ''} deselected: no CUDA device here "
+                                    "(the same tests run at CPU size unmarked; scripts/gpu_check.sh runs them on a GPU)")
 
 
 @pytest.fixture(autouse=True, scope="session")

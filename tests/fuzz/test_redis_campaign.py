@@ -50,7 +50,7 @@ def redis_server(tmp_path):
     """start(*args) -> port: a redis-server on 127.0.0.1 with `args`; all stopped after the test."""
     binary = shutil.which("redis-server")
     if binary is None:
-        pytest.skip("redis-server is not installed")
+        pytest.skip("redis-server is not installed (scripts/setup.sh installs it when run as root)")
     servers = []
 
     def start(*args, port=None):
