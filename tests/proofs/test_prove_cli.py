@@ -12,7 +12,7 @@ PASSING = [ObligationResult("initiation: refcount", "initiation", "N=4 B=2", Tru
 
 
 def invoke(monkeypatch, results, *args):
-    monkeypatch.setattr(report, "run_proofs", lambda profile, workers=0: results)
+    monkeypatch.setattr(report, "run_proofs", lambda profile, workers=0, on_done=None: results)
     return CliRunner().invoke(main, ["prove", *args])
 
 
