@@ -151,3 +151,13 @@ def test_trace_synth_names_settings_without_effect(tmp_path):
     assert result.exit_code == 0
     assert "--prefix-len had no effect: --prefix-fraction is 0" in result.stderr
     assert "--num-samples had no effect: --sample-prob is 0" in result.stderr
+
+
+def test_trace_synth_streams_to_stdout_with_progress_on_stderr():
+    from pagedkv.impl.sim.trace import TraceConfig, parse_trace, synthesize
+
+    result = CliRunner().invoke(main, ["trace", "synth", "--out", "-", "--num-requests", "7", "--seed", "4"])
+    assert result.exit_code == 0
+    assert parse_trace(result.stdout.splitlines()) == synthesize(TraceConfig(7, seed=4))
+    assert result.stderr.startswith("trace synth: 7 requests to -: done in ")
+    assert result.stderr.endswith("wrote 7 requests to -\n")
