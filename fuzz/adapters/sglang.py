@@ -23,7 +23,8 @@ What SGLang has no counterpart for is not declared: `fork` (SGLang runs parallel
 requests that share a prefix through the tree, never by sharing a writable page, so it never
 copies on write) and `swap` (a retracted request is recomputed, or backed up by the unified cache's
 host pool, not swapped block by block). `prefix_caching=False` builds the same `RadixCache` with
-`disable=True`, which is what `--disable-radix-cache` sets. See docs/conformance.md ("SGLang") for the
+`disable=True`, which is what `--disable-radix-cache` sets (0.5.23 has no `ChunkCache` any more).
+See docs/conformance.md ("SGLang") for the
 oracles this fires on correct SGLang behaviour and why.
 
 The request record: SGLang's `Req` lives in `managers/schedule_batch.py`, which imports the grammar
