@@ -23,9 +23,9 @@ What SGLang has no counterpart for is not declared: `fork` (SGLang runs parallel
 requests that share a prefix through the tree, never by sharing a writable page, so it never
 copies on write) and `swap` (a retracted request is recomputed, or backed up by the unified cache's
 host pool, not swapped block by block). `prefix_caching=False` builds the same `RadixCache` with
-`disable=True`, which is what `--disable-radix-cache` sets (0.5.23 has no `ChunkCache` any more).
-See docs/conformance.md ("SGLang") for the
-oracles this fires on correct SGLang behaviour and why.
+`disable=True`, the flag `--disable-radix-cache` sets on the scheduler's cache (0.5.23 has no
+`ChunkCache` any more). See docs/conformance.md ("SGLang") for the oracles this fires on correct SGLang
+behaviour and why.
 
 The request record: SGLang's `Req` lives in `managers/schedule_batch.py`, which imports the grammar
 backends, the OpenAI protocol models and the multimodal stack. The cache functions read a few fields
