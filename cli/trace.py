@@ -40,9 +40,9 @@ def trace():
               help="Samples such a request asks for.")
 def synth(out, num_requests, seed, rate, prompt_dist, prompt_mean, output_dist, output_mean, sigma,
           max_seq_len, prefix_fraction, prefix_groups, prefix_len, sample_prob, num_samples):
-    """Write a seeded synthetic trace. The defaults (Poisson arrivals at 4/s, lognormal prompts of mean
-    450 tokens and outputs of mean 120, prompt + output clipped to 2048) are the workload of the
-    published PagedAttention bookkeeping example this project reproduces."""
+    """Write a seeded synthetic trace (JSONL, streamed: any size in constant memory). Defaults: Poisson
+    arrivals at 4/s, lognormal prompts of mean 450 tokens and outputs of mean 120, prompt + output
+    clipped to 2048 (the workload of the README's utilization figures)."""
     from pagedkv.impl.sim import trace as tr
 
     try:
