@@ -105,6 +105,7 @@ class BlockManager:
     def transaction(self, body):
         """Run `body()` as one transaction with the manager's own: if it raises, every manager call
         it made is undone (the Scheduler makes a whole step atomic with it)."""
+        require(callable(body), f"a transaction runs a callable, got {body!r}")
         return body()
 
     # ---------------------------------------------------------------- spec operations
@@ -507,9 +508,10 @@ class BlockManager:
         """Record blocks first..stop-1 of a table, all just filled, in the prefix cache in order."""
         if self.cache is None:
             return
-        for j in range(first, stop):
-            block = table[j]
-            self.cache.fill(block, table[j - 1] if j else None, self.block_tokens[block].tobytes())
+        if stop > first:
+            blocks = table[first:stop]
+            parents = table[first - 1:stop - 1] if first else [-1, *table[:stop - 1]]
+            self.cache.fill(blocks, parents, self.block_tokens[blocks].tobytes())
 
     def _plan_append(self, rows: np.ndarray):
         """For appending one token to each row in this order: who needs a fresh tail (tail full)
@@ -555,10 +557,7 @@ class BlockManager:
         held = self.rows.num_held[rows]
         tails = self.rows.tails(rows)
         parents = np.where(held > 1, self.rows.blocks_at(rows, np.maximum(held - 2, 0)), -1)
-        step = 8 * self.block_size
-        contents = self.block_tokens[tails].tobytes()
-        for i, (tail, parent) in enumerate(zip(tails.tolist(), parents.tolist())):
-            self.cache.fill(tail, parent if parent >= 0 else None, contents[i * step:(i + 1) * step])
+        self.cache.fill(tails.tolist(), parents.tolist(), self.block_tokens[tails].tobytes())
 
     def _copy_on_write(self, rows, src, dst) -> list:
         if not len(rows):

@@ -7,6 +7,7 @@ Every change goes through the manager's journal (`journal.py`), so a failed oper
 """
 
 from collections import OrderedDict, deque
+from itertools import islice
 
 import numpy as np
 
@@ -33,14 +34,24 @@ class BlockPool:
         from_queue = min(n, len(self.free_queue))
         journal.will_popleft(self.free_queue, from_queue)
         blocks = [self.free_queue.popleft() for _ in range(from_queue)]
-        for _ in range(n - from_queue):
-            block = next(iter(self.evictable))
-            journal.pop_ordered(self.evictable, block, self.evictable.__getitem__)
-            self.cache.forget(block)
-            journal.set(self, "evictions", self.evictions + 1)
-            blocks.append(block)
+        if n > from_queue:
+            evicted = list(islice(self.evictable.items(), n - from_queue))   # least recent first
+            journal.undo.append((self._restore_lru_front, (evicted,)))
+            for _ in evicted:
+                self.evictable.popitem(last=False)
+            victims = [block for block, _ in evicted]
+            self.cache.forget(victims)
+            journal.set(self, "evictions", self.evictions + len(victims))
+            blocks += victims
         journal.assign(self.ref_count, blocks, 1)
         return blocks
+
+    def _restore_lru_front(self, evicted: list) -> None:
+        """Undo of evicting `evicted` (block, stamp) from the LRU's front, oldest first."""
+        for block, stamp in reversed(evicted):
+            if block not in self.evictable:
+                self.evictable[block] = stamp
+                self.evictable.move_to_end(block, last=False)
 
     def share(self, blocks: list) -> None:
         """One more reference to each (distinct) block; an evictable one becomes live again."""
@@ -67,14 +78,19 @@ class BlockPool:
             journal.will_append(self.free_queue)
             self.free_queue.extend(dead)
             return
-        for block in dead:
-            if self.cache.is_indexed(block):
-                journal.set(self, "releases", self.releases + 1)
-                journal.put(self.evictable, block, self.releases)
-            else:
-                self.cache.forget(block)
-                journal.will_append(self.free_queue)
-                self.free_queue.append(block)
+        # Every indexed block keeps its KV for hits (evictable, newest release last); the others
+        # hold nothing anyone can find again and are free.
+        indexed = [block for block in dead if self.cache.is_indexed(block)]
+        journal.will_append(self.free_queue)
+        self.free_queue.extend(block for block in dead if not self.cache.is_indexed(block))
+        journal.undo.append((self._unrelease, (indexed,)))
+        first = self.releases + 1
+        self.evictable.update(zip(indexed, range(first, first + len(indexed))))
+        journal.set(self, "releases", self.releases + len(indexed))
+
+    def _unrelease(self, indexed: list) -> None:
+        for block in indexed:
+            self.evictable.pop(block, None)
 
     def problems(self) -> list:
         """Broken parts of the `conservation` invariant for the GPU pool."""

@@ -46,32 +46,64 @@ class PrefixCache:
             hits.append(min(node.holders))
         return hits
 
-    def fill(self, block: int, parent_block, block_bytes: bytes) -> None:
-        """Index `block`, which just became full after `parent_block` (None for a sequence's first
-        block); its tokens as int64 bytes. A block already indexed keeps its content."""
-        if block in self.content_of:
-            return
-        journal = self.journal
-        parent = self.root if parent_block is None else self.content_of[parent_block]
-        node = parent.children.get(block_bytes)
-        if node is None:
-            node = Content(parent, block_bytes)
-            journal.put(parent.children, block_bytes, node)
-        journal.undo.append((node.holders.discard, (block,)))
-        node.holders.add(block)
-        journal.put(self.content_of, block, node)
+    def fill(self, blocks: list, parents: list, block_bytes: bytes) -> None:
+        """Index each of `blocks`, in order, which just became full after the block `parents[i]`
+        (-1: a sequence's first block); `block_bytes` holds their tokens, as int64, one block after
+        another. A block already indexed keeps its content. One undo record for the whole batch."""
+        log = []   # what was done, in order: (node, block) holder added, (node, None) node created
+        self.journal.undo.append((self._undo_fill, (log,)))
+        content_of, root = self.content_of, self.root
+        step = len(block_bytes) // max(len(blocks), 1)
+        for i, (block, parent_block) in enumerate(zip(blocks, parents)):
+            if block in content_of:
+                continue
+            parent = root if parent_block < 0 else content_of[parent_block]
+            key = block_bytes[i * step:(i + 1) * step]
+            node = parent.children.get(key)
+            if node is None:
+                node = Content(parent, key)
+                log.append((node, None))
+                parent.children[key] = node
+            log.append((node, block))
+            node.holders.add(block)
+            content_of[block] = node
 
-    def forget(self, block: int) -> None:
-        """`block` is wiped (freed or evicted): it no longer holds its prefix."""
-        if block not in self.content_of:
-            return
-        journal = self.journal
-        node = journal.pop(self.content_of, block)
-        journal.undo.append((node.holders.add, (block,)))
-        node.holders.discard(block)
-        while node is not self.root and not node.holders and not node.children:
-            journal.pop(node.parent.children, node.key)
-            node = node.parent
+    def forget(self, blocks) -> None:
+        """These blocks are wiped (freed or evicted): each no longer holds its prefix, and a prefix
+        nobody holds or extends leaves the trie. One undo record for the whole batch."""
+        log = []   # (node, block) holder removed, (node, None) node unlinked from its parent
+        self.journal.undo.append((self._undo_forget, (log,)))
+        content_of, root = self.content_of, self.root
+        for block in blocks:
+            node = content_of.get(block)
+            if node is None:
+                continue
+            log.append((node, block))
+            del content_of[block]
+            node.holders.discard(block)
+            while node is not root and not node.holders and not node.children:
+                log.append((node, None))
+                del node.parent.children[node.key]
+                node = node.parent
+
+    # Undo steps: each is harmless for a logged step that did not happen (the fault-injection
+    # test raises between a log entry and its mutation too).
+
+    def _undo_fill(self, log: list) -> None:
+        for node, block in reversed(log):
+            if block is None:
+                node.parent.children.pop(node.key, None)
+            else:
+                node.holders.discard(block)
+                self.content_of.pop(block, None)
+
+    def _undo_forget(self, log: list) -> None:
+        for node, block in reversed(log):
+            if block is None:
+                node.parent.children[node.key] = node
+            else:
+                node.holders.add(block)
+                self.content_of[block] = node
 
     def problems(self, block_tokens) -> list:
         """Broken parts of the `cache_index` invariant (`block_tokens[b]`: what block b holds)."""
