@@ -1,19 +1,203 @@
 """Historical vLLM releases as conformance subjects: `pagedkv fuzz vllm@VERSION` (issue 19).
 
 `release(version)` returns the factory of one pinned release, its wheel installed into pagedkv's
-wheel cache on first use (`wheels.install`, never the user's environment). Releases whose scheduler
-drives the v1 `KVCacheManager` use the v1 adapter of their own API; the v0 releases drive the v0
-block manager v2 (`vllm/core/block_manager_v2.py`), which has fork, copy-on-write and swap.
+wheel cache on first use (`wheels.install`, never the user's environment) together with the three
+packages its block-management imports need (msgspec, psutil, pyzmq: binary wheels for this platform,
+pinned in `DEPENDENCIES`, loaded privately like the engine).
+
+Adapted releases (`RELEASES`):
+- 0.33.0: `vllm_v1` (the current manager).
+- 0.6.4.post1, 0.6.6.post1, 0.7.0: the first v1 `KVCacheManager` (vllm/v1/core/kv_cache_manager.py),
+  driven as each release's own `vllm/v1/core/scheduler.py` drives it: a waiting request gets
+  `get_computed_blocks(request)`, the scheduler's full-hit rule (0.6.4.post1 recomputes one token and
+  drops the last hit block; 0.6.6.post1 and 0.7.0 recompute the whole last block), then
+  `allocate_slots(request, num_new_tokens, computed_blocks)`; a running request `append_slots(request,
+  1)` after its sampled token is appended; `free(request)`. Preallocation is off
+  (`num_preallocate_tokens=0`, a constructor parameter): with vLLM's default of 64 tokens a table holds
+  blocks for tokens not yet written, which the protocol's block table cannot express. These releases
+  have no null block: ids are vLLM's own.
+
+Known bugs the kit must catch here (issue 19): 0.6.4.post1 recomputes only the last token of a full
+hit, leaving the re-allocated block's other slots unwritten (fixed by vLLM #11186); 0.6.6.post1 touches
+the hit blocks before its free-block check, so a refused allocation leaks them (#11562, fixed by #11565).
+
+The v0 block manager v2 releases (0.4.2 .. 0.5.5) are not adapted yet: `release` says so.
 """
 
-from . import vllm_v1
+import functools
+import importlib
 
-#: release -> the factory maker for it.
-RELEASES = {vllm_v1.VERSION: lambda: vllm_v1.make}
+from pagedkv.spec import DuplicateSequence, OutOfBlocks, UnknownSequence
+
+from . import vllm_v1, wheels
+from .wheels import Stub, placeholders
+
+#: Binary wheels of the packages the historical block-management imports need, pinned.
+DEPENDENCIES = (("msgspec", "0.23.0"), ("psutil", "7.2.2"), ("pyzmq", "27.3.0"))
+PACKAGES = ("vllm", "msgspec", "psutil", "zmq")
+HISTORICAL_V1 = ("0.6.4.post1", "0.6.6.post1", "0.7.0")
+MODULES = ("vllm.v1.core.kv_cache_manager", "vllm.v1.request", "vllm.sampling_params", "vllm.inputs.data")
+MAX_MODEL_LEN = 1 << 20
 
 
-def release(version: str):
-    """The subject factory of vLLM `version`. Raises ValueError for a release with no adapter."""
+def _unspecified_platform(module) -> None:
+    """vLLM's own `UnspecifiedPlatform` (vllm/platforms/interface.py, real) as the current platform."""
+    module.current_platform = importlib.import_module("vllm.platforms.interface").UnspecifiedPlatform()
+
+
+def _input_records(module) -> None:
+    """The prompt records of vllm/inputs/data.py (real), re-exported as the package does."""
+    data = importlib.import_module("vllm.inputs.data")
+    for name in ("DecoderOnlyInputs", "SingletonInputs", "SingletonInputsAdapter", "token_inputs"):
+        setattr(module, name, getattr(data, name))
+
+
+def _config_names(module) -> None:
+    placeholders("VllmConfig")(module)
+
+
+#: Stubs of the historical v1 releases (module -> why), in addition to nothing else: the rest of the
+#: import closure of their kv_cache_manager, request and sampling params loads from the wheel.
+STUBS_V1 = {
+    "vllm": Stub("package __init__ skipped: it imports the whole engine (LLM, AsyncLLMEngine, model "
+                 "registry); submodules load from the wheel", hollow=True),
+    "vllm.platforms": Stub("package __init__ skipped: it probes for CUDA, ROCm, TPU, XPU, HPU, Neuron; "
+                           "current_platform is vLLM's UnspecifiedPlatform (its interface module is real)",
+                           _unspecified_platform, hollow=True),
+    "vllm.inputs": Stub("package __init__ skipped: its registry imports transformers (model input "
+                        "processing); the prompt records of vllm.inputs.data are real", _input_records,
+                        hollow=True),
+    "vllm.multimodal": Stub("multimodal subsystem (PIL, media plugins); fuzzed requests are text-only",
+                            placeholders("MultiModalKwargs", "MultiModalDataDict", "MultiModalPlaceholderDict")),
+    "vllm.logits_process": Stub("logits processors import the tokenizers (huggingface_hub, transformers); "
+                                "sampling params name their type only", any_name=True),
+    "vllm.v1.engine": Stub("engine-core client/server messages (msgspec over ZMQ); Request names their "
+                           "type only", any_name=True),
+    "vllm.model_executor.models.utils": Stub("model code (transformers); 0.7.0's vllm.v1.utils names "
+                                             "extract_layer_index, for binding KV caches to layers",
+                                             any_name=True),
+    "vllm.config": Stub("0.7.0's engine config module imports transformers; kv_cache_utils names "
+                        "VllmConfig only to size a cache from a full engine config", _config_names),
+}
+
+
+@functools.cache
+def _engine(version: str):
+    root = wheels.install("vllm", version, keep=wheels.python_sources)
+    roots = [root] + [wheels.install(name, pinned) for name, pinned in DEPENDENCIES]
+    return wheels.load(roots, PACKAGES, MODULES, STUBS_V1)
+
+
+class HistoricalV1Subject:
+    """vLLM 0.6.4.post1 .. 0.7.0's v1 `KVCacheManager`, driven as that release's scheduler drives it."""
+
+    capabilities = frozenset({"prefix_caching"})
+    config_space = {"block_sizes": tuple(range(1, 17)), "prefix_caching": (True, False)}
+
+    def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = False,
+                 num_cpu_blocks: int = 0, version: str = "0.7.0"):
+        engine = self._engine = _engine(version)
+        self.version, self.B = version, block_size
+        sizes = {} if version == "0.6.4.post1" else {"max_model_len": MAX_MODEL_LEN}  # 0.6.4 has no limit
+        with engine.active():
+            self.manager = engine["vllm.v1.core.kv_cache_manager"].KVCacheManager(
+                block_size=block_size, num_gpu_blocks=num_blocks, sliding_window=None,
+                enable_caching=prefix_caching, num_preallocate_tokens=0, **sizes)
+        self._request_module = engine["vllm.v1.request"]
+        self._params = engine["vllm.sampling_params"].SamplingParams
+        self._inputs = engine["vllm.inputs.data"].token_inputs
+        self.requests = {}
+
+    def _new_request(self, seq_id, tokens):
+        params = self._params(max_tokens=MAX_MODEL_LEN)
+        Request = self._request_module.Request
+        if self.version == "0.7.0":
+            return Request(str(seq_id), None, list(tokens), None, None, None, params, None, 0.0)
+        return Request(str(seq_id), self._inputs(prompt_token_ids=list(tokens)), params, None, 0.0)
+
+    # ------------------------------------------------------------------ protocol
+
+    def add(self, seq_id, tokens) -> int:
+        if seq_id in self.requests:
+            raise DuplicateSequence(seq_id)
+        request = self._new_request(seq_id, tokens)
+        with self._engine.active():
+            found = self.manager.get_computed_blocks(request)
+        computed_blocks = list(found[0] if isinstance(found, tuple) else found)  # 0.7.0: (blocks, tokens)
+        num_computed = len(computed_blocks) * self.B
+        num_new = request.num_tokens - num_computed
+        if num_new == 0:  # every block hit: the scheduler's rule of this release
+            if self.version == "0.6.4.post1":
+                num_computed, num_new = num_computed - 1, 1
+            else:
+                num_computed, num_new = num_computed - self.B, self.B
+            computed_blocks.pop()
+        if self.manager.allocate_slots(request, num_new, computed_blocks) is None:
+            raise OutOfBlocks(needed=-1, available=self.num_free_blocks())
+        request.status = self._request_module.RequestStatus.RUNNING
+        request.num_computed_tokens = num_computed + num_new
+        self.requests[seq_id] = request
+        return num_computed
+
+    def append(self, seq_id, token) -> list:
+        request = self._request(seq_id)
+        request.append_output_token_ids(int(token))  # these releases hash blocks only when caching them
+        if self.manager.append_slots(request, 1) is None:  # refused before any block is cached
+            request._output_token_ids.pop()   # the scheduler would preempt; the protocol wants no change
+            request._all_token_ids.pop()
+            raise OutOfBlocks(needed=1, available=self.num_free_blocks())
+        request.num_computed_tokens += 1
+        return []
+
+    def fork(self, parent_id, child_id):
+        raise NotImplementedError("vLLM v1 has no fork")
+
+    def free(self, seq_id) -> None:
+        request = self._request(seq_id)
+        request.status = self._request_module.RequestStatus.FINISHED_ABORTED
+        self.manager.free(request)
+        del self.requests[seq_id]
+
+    def block_table(self, seq_id) -> list:
+        return [block.block_id for block in self.manager.req_to_blocks[self._request(seq_id).request_id]]
+
+    def num_free_blocks(self) -> int:
+        return self.manager.free_block_queue.num_free_blocks
+
+    def _request(self, seq_id):
+        if seq_id not in self.requests:
+            raise UnknownSequence(seq_id)
+        return self.requests[seq_id]
+
+
+def _historical_v1(version: str):
+    def make(**config):
+        return HistoricalV1Subject(**config, version=version)
+    make.capabilities = HistoricalV1Subject.capabilities
+    make.config_space = HistoricalV1Subject.config_space
+    make.__name__ = make.__qualname__ = f"vllm_{version.replace('.', '_')}"
+    return make
+
+
+def _pinned():
+    vllm_v1.engine()  # installed and loaded now, before any call deadline
+    return vllm_v1.make
+
+
+def _loaded_historical_v1(version: str):
+    _engine(version)
+    return _historical_v1(version)
+
+
+#: release -> its factory maker (which installs and loads the release first).
+RELEASES = {vllm_v1.VERSION: _pinned,
+            **{version: functools.partial(_loaded_historical_v1, version) for version in HISTORICAL_V1}}
+
+
+def release(version: str = None):
+    """The subject factory of vLLM `version` (None: the pinned release, vllm_v1.VERSION), its wheel
+    installed and its modules loaded. Raises ValueError for a release with no adapter."""
+    version = version or vllm_v1.VERSION
     if version not in RELEASES:
         raise ValueError(f"no adapter for vllm {version}; adapted releases: {', '.join(sorted(RELEASES))}")
     return RELEASES[version]()

@@ -209,12 +209,12 @@ def test_planted_bugs_change_what_the_real_methods_do():
 
 @pytest.mark.parametrize("bug", list(PLANTED), ids=lambda bug: bug.__name__)
 def test_ci_profile_catches_planted_bug(bug):
-    tally, failure = check(Subject(f"vllm:{bug.__name__}", bug, bug.capabilities), "ci", phases=NO_SHRINK)
+    tally, failure = check(Subject(f"vllm:{bug.__name__}", bug, bug.capabilities), "ci", "any", phases=NO_SHRINK)
     assert failure is not None, f"{bug.__name__} escaped {tally['examples']} examples"
     assert failure["oracle"] in PLANTED[bug], f"{bug.__name__}: {failure['oracle']} fired: {failure['message']}"
 
 
 def test_correct_vllm_passes_the_ci_profile():
-    tally, failure = check(resolve("vllm"), "ci", phases=NO_SHRINK)
+    tally, failure = check(resolve("vllm"), "ci", "any", phases=NO_SHRINK)
     assert failure is None, f"{failure['oracle']}: {failure['message']}\n" + "\n".join(failure["trace"])
     assert tally["examples"] >= 100 and tally["cache_hit"] and tally["out_of_blocks"] and tally["eviction"]
