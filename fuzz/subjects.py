@@ -28,8 +28,10 @@ NAMED = {
     "vllm": "pagedkv.fuzz.adapters.vllm_v1:make",     # vLLM 0.33.0's v1 KVCacheManager (fuzz/adapters/vllm_v1.py)
     "sglang": "pagedkv.fuzz.adapters.sglang:make",   # SGLang 0.5.23's radix cache (fuzz/adapters/sglang.py)
 }
-#: Built-in targets that take a release, `NAME@VERSION` (`vllm@0.4.2`): the function named here returns
-#: that release's factory (installing its wheel into pagedkv's wheel cache) or raises ValueError.
+#: Built-in targets that take a release, `NAME@VERSION` (`vllm@0.4.2`; plain `vllm` is its pinned
+#: release): the function named here returns that release's factory, its wheel installed into
+#: pagedkv's wheel cache and its modules loaded before the probe's call deadline starts (a first
+#: download takes minutes), or raises ValueError.
 RELEASED = {"vllm": "pagedkv.fuzz.adapters.vllm_v0:release"}
 PROBE = {"num_blocks": 2, "block_size": 2, "prefix_caching": False, "num_cpu_blocks": 0}
 
@@ -49,8 +51,8 @@ class Subject:
 def resolve(target: str) -> Subject:
     """The subject factory named by `target`, probed once. Raises UsageError with the reason."""
     name, at, release = target.partition("@")
-    if at and name in RELEASED:
-        return _released(target, name, release)
+    if name in RELEASED and (at or target == name):  # plain `vllm`: the pinned release
+        return _released(target, name, release or None)
     spec = NAMED.get(target, target)
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
