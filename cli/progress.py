@@ -49,7 +49,7 @@ class StepProgress:
             from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
                                        TimeElapsedColumn)
 
-            self.live = Progress(SpinnerColumn(finished_text="[green]✓"), TextColumn("{task.description}"),
+            self.live = Progress(SpinnerColumn(finished_text="•"), TextColumn("{task.description}"),
                                  BarColumn(bar_width=20), MofNCompleteColumn(), TextColumn("{task.fields[state]}"),
                                  TimeElapsedColumn(), TextColumn("[dim]{task.fields[expected]}"),
                                  console=Console(file=self.stream), transient=False)
