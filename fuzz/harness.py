@@ -4,10 +4,22 @@ A *subject* is anything built by `factory(num_blocks=, block_size=, prefix_cachi
 with the protocol methods of docs/design.md ("The conformance protocol"). The harness trusts nothing the
 subject keeps: it holds its own ghost memory (flat slot -> `KV(prefix, token)`, one dict per pool),
 writes every computed token into the slot the subject's block table names, performs the copies the
-subject returns, and keeps its own model of each sequence's tokens. A `KVSpec` *shadow* runs the same
-operations; it decides which errors are due (out of blocks included, cache hits counted in) and how
-many prompt tokens the prefix cache must serve. After every operation the named oracles of
-`oracles.ORACLES` are checked; the first that fails raises `OracleFailure` with the program so far.
+subject returns, and keeps its own model of each sequence's tokens. After every operation the named
+oracles of `oracles.ORACLES` are checked; each that fails raises its own `OracleFailure` subclass
+with the program so far (so Hypothesis tells distinct oracles apart as distinct bugs).
+
+Which errors are due and how many prompt tokens the prefix cache must serve is decided by a *judge*,
+one per policy (`POLICIES`):
+
+- `spec`: a `KVSpec` shadow runs the same operations, so the subject must make the spec's own
+  choices (FIFO free queue, LRU eviction, tail released first, the spec's error order) exactly.
+- `any`: policy-free. Where the spec has a free choice (which free block is taken, which released
+  cached block is evicted, duplicates under one content, release order, which of several due errors
+  is raised) the judge learns the subject's choice from what it did and checks only that it was
+  legal: out of blocks is judged against the subject's own free count, hits must stay below the
+  whole prompt, be whole blocks and read back right, and with the `complete_cache` capability a hit
+  must cover every leading block whose newest holder is still intact (the *completeness* property,
+  docs/conformance.md).
 
 `Conformance` is the driver (usable without Hypothesis: `replay` runs a saved program through it);
 `machine_for` builds the Hypothesis `RuleBasedStateMachine` around it for one subject factory.
@@ -22,14 +34,18 @@ from pagedkv.spec import (KV, DuplicateSequence, InvalidState, KVSpec, OutOfBloc
                           UnknownSequence, blocks_needed, slot_of)
 
 from .guard import SubjectFault
-from .oracles import OracleFailure
+from .oracles import OracleFailure, failure_class
 from .strategies import (CACHE_HIT, COW, EVICTION, OUT_OF_BLOCKS, SWAP, FreshIds, note, pool_configs, record_event,
                          token_lists as byte_token_lists, tokens)
 
 PROTOCOL = ("add", "append", "fork", "free", "block_table", "num_free_blocks")
 SWAP_PROTOCOL = ("swap_out", "swap_in")
-CAPABILITIES = frozenset({"fork", "prefix_caching", "swap"})
+#: What a subject may declare. `complete_cache`: released full blocks keep serving their prefix
+#: until handed out again (checked under policy `any`). `conservative_admission`: `add` and `swap_in`
+#: may refuse with OutOfBlocks although the blocks were there (still atomically; counted).
+CAPABILITIES = frozenset({"fork", "prefix_caching", "swap", "complete_cache", "conservative_admission"})
 DEFAULT_CAPABILITIES = frozenset({"fork"})
+POLICIES = ("spec", "any")
 #: Paths a campaign reports as covered.
 PATHS = (COW, EVICTION, CACHE_HIT, OUT_OF_BLOCKS, SWAP)
 #: Argument names of each operation, for readable programs.
@@ -37,6 +53,12 @@ ARG_NAMES = {"add": ("seq", "tokens"), "append": ("seq", "token"), "fork": ("par
              "free": ("seq",), "block_table": ("seq",), "swap_out": ("seq",), "swap_in": ("seq",)}
 UNKNOWN_ID = 1_000_000  # ids from here up are never added
 ID_ERRORS = (UnknownSequence, DuplicateSequence)
+#: Keys a subject's (or factory's) `config_space` may restrict.
+CONFIG_SPACE_KEYS = ("block_sizes", "prefix_caching", "num_blocks", "num_cpu_blocks")
+
+
+class ConfigSpaceError(ValueError):
+    """A declared `config_space` that the kit cannot draw from; the message says why."""
 
 
 def format_step(op: str, args: tuple, result=None, error=None) -> str:
@@ -53,27 +75,249 @@ def _attempt(target, op: str, args: tuple):
         return None, error
 
 
-class Conformance:
-    """One subject, its spec shadow, the harness's ghost memory and sequence model, and the oracles."""
+def _named(kinds) -> str:
+    return " or ".join(sorted(kind.__name__ for kind in kinds)) or "nothing"
 
-    def __init__(self, factory, config: dict, tally: Counter = None):
-        self.config = dict(config)
+
+class SpecJudge:
+    """Policy `spec`: a KVSpec shadow runs every operation first and says exactly what is due."""
+
+    def __init__(self, kv):
+        self.kv = kv
+        self.shadow = KVSpec(**kv.config)
+
+    def before(self, op: str, args: tuple) -> None:
+        cached = self.shadow.cached_blocks()
+        self.result, self.error = _attempt(self.shadow, op, args)
+        note(self.kv.tally, EVICTION, cached.items() - self.shadow.cached_blocks().items())  # only eviction unindexes
+
+    def check_error(self, op: str, args: tuple, before: dict, actual) -> None:
+        expected = self.error
+        kinds = type(expected), type(actual)
+        if kinds[0] is kinds[1]:
+            return
+        said = (f"spec raises {type(expected).__name__ if expected else 'nothing'} ({expected or ''}), "
+                f"subject raises {type(actual).__name__ if actual else 'nothing'} ({actual or ''})")
+        if any(issubclass(kind, ID_ERRORS) for kind in kinds):
+            self.kv.expect(False, "id_errors", said)
+        if OutOfBlocks in kinds:
+            self.kv.expect(False, "oom_exact", ("missing OutOfBlocks: " if expected else "spurious OutOfBlocks: ")
+                           + said + self.kv.why_blocks(op, args, before))
+        self.kv.expect(False, "state_errors" if InvalidState in kinds else "crash", said)
+
+    def check_cached(self, seq: int, tokens: list, cached: int, table_of) -> None:
+        self.kv.expect(cached == self.result, "cache_hit",
+                       f"add({seq}) reports {cached} cached prompt tokens, the spec serves {self.result}")
+
+    def spec_free_blocks(self):
+        return self.shadow.num_free_blocks()
+
+    def handed_out(self, blocks, live_before: set) -> None:
+        pass
+
+    def filled(self, block: int, content: tuple) -> None:
+        pass
+
+
+class AnyJudge:
+    """Policy `any`: what is due is derived from the harness's own model of the subject (its live
+    tables, as checked by the oracles, and the ghost memory), never from the spec's choices.
+
+    Completeness bookkeeping: `newest[content]` is the block that most recently came to hold that
+    full-block content (filled by writes, or copied back by swap-in); handing the block out again
+    (as a fresh block of any table) ends its claim. A `complete_cache` subject must serve a prompt's
+    leading blocks as long as each one's newest holder still has its claim."""
+
+    def __init__(self, kv):
+        self.kv = kv
+        self.newest, self.claim = {}, {}   # content -> block; block -> content
+
+    # -------------------------------------------------------------- what is due
+
+    def due(self, op: str, args: tuple, before: dict) -> tuple:
+        """(errors of which one must be raised, errors that may be raised) for `op` now."""
+        kv, (seq, *rest) = self.kv, args
+        live, swapped = seq in kv.tokens and seq not in kv.cpu_tables, seq in kv.cpu_tables
+        known = live or swapped
+        if op == "add":
+            return ({DuplicateSequence} if known else set()), ({OutOfBlocks} if not known and self.oom_legal_add(
+                rest[0], before) else set())
+        if op == "fork":
+            must = {UnknownSequence} if not known else set()
+            must |= {DuplicateSequence} if rest[0] in kv.tokens else set()
+            must |= {InvalidState} if swapped else set()
+            return must, set()
+        if not known:
+            return {UnknownSequence}, set()
+        if op == "append":
+            if swapped:
+                return {InvalidState}, set()
+            return ({OutOfBlocks}, set()) if self.append_needs_block(seq, before) and not self.free(before) else (set(), set())
+        if op == "swap_out":
+            if swapped:
+                return {InvalidState}, set()
+            return ({OutOfBlocks}, set()) if len(before["tables"][seq]) > self.free_cpu() else (set(), set())
+        if op == "swap_in":
+            if live:
+                return {InvalidState}, set()
+            short = len(kv.cpu_tables[seq]) > self.free(before)
+            return ({OutOfBlocks} if short else set()), ({OutOfBlocks} if self.conservative() else set())
+        return set(), set()   # free, block_table
+
+    def oom_needed(self, op: str, args: tuple, before: dict, must: set) -> bool:
+        """The refusal was forced: no legal way to do `op` fitted (for the precision figure)."""
+        return OutOfBlocks in must or (op == "add" and self.oom_legal_add(args[1], before, conservative=False))
+
+    def conservative(self) -> bool:
+        return "conservative_admission" in self.kv.capabilities
+
+    def free(self, before: dict) -> int:
+        """Free GPU blocks as the harness counts them (free_count holds the subject to the same)."""
+        return self.kv.config["num_blocks"] - len(set().union(*before["tables"].values()))
+
+    def free_cpu(self) -> int:
+        return self.kv.config["num_cpu_blocks"] - sum(len(table) for table in self.kv.cpu_tables.values())
+
+    def append_needs_block(self, seq: int, before: dict) -> bool:
+        table, position = before["tables"][seq], len(self.kv.tokens[seq])
+        others = set().union(*(t for s, t in before["tables"].items() if s != seq))
+        return position % self.kv.B == 0 or table[-1] in others
+
+    def guaranteed(self, tokens: list) -> list:
+        """The blocks a complete cache must serve for `tokens`: for each leading full block (never the
+        last token) whose content's newest holder still has its claim, that holder; stops at the first
+        block without one."""
+        if "complete_cache" not in self.kv.capabilities or not self.kv.config["prefix_caching"]:
+            return []
+        B, holders = self.kv.B, []
+        for j in range((len(tokens) - 1) // B):
+            block = self.newest.get(tuple(tokens[:(j + 1) * B]))
+            if block is None:
+                break
+            holders.append(block)
+        return holders
+
+    def oom_legal_add(self, tokens: list, before: dict, conservative: bool = None) -> bool:
+        """OutOfBlocks is legal when even the costliest legal admission does not fit: the guaranteed
+        hits served from a block outside every live table where one holds that content (it costs a
+        block), every other prompt block taken fresh. A conservative subject may always refuse."""
+        if self.conservative() if conservative is None else conservative:
+            return True
+        kv, live = self.kv, set().union(*before["tables"].values())
+        cost = blocks_needed(len(tokens), kv.B)
+        for j, _ in enumerate(self.guaranteed(tokens)):
+            content = tuple(tokens[:(j + 1) * kv.B])
+            if not any(block not in live and kv.holds(block, content) for block in range(kv.config["num_blocks"])):
+                cost -= 1   # every holder is live: sharing it takes no free block
+        return cost > self.free(before)
+
+    # -------------------------------------------------------------- checks
+
+    def before(self, op: str, args: tuple) -> None:
+        pass
+
+    def check_error(self, op: str, args: tuple, before: dict, actual) -> None:
+        must, may = self.due(op, args, before)
+        allowed = must | may
+        kv, kind = self.kv, type(actual) if actual is not None else None
+        said = f"due: {_named(must)}{f' (may: {_named(may)})' if may else ''}; subject raises {_named({kind} if kind else set())}"
+        if kind is not None and kind in allowed:
+            note(kv.tally, "oom_conservative", kind is OutOfBlocks and not self.oom_needed(op, args, before, must))
+            return
+        if kind is None and not must:
+            self.check_accounting(op, args, before)
+            return
+        ids = {k for k in must | {kind} if k is not None and issubclass(k, ID_ERRORS)}
+        if ids:
+            kv.expect(False, "id_errors", said)
+        if InvalidState in must | {kind}:
+            kv.expect(False, "state_errors", said)
+        if OutOfBlocks in must | {kind}:
+            kv.expect(False, "oom_exact", ("missing OutOfBlocks: " if kind is None else "spurious OutOfBlocks: ")
+                      + said + kv.why_blocks(op, args, before))
+        kv.expect(False, "crash", said)
+
+    def check_accounting(self, op: str, args: tuple, before: dict) -> None:
+        """A successful allocation took no more blocks than were free (none from thin air)."""
+        if op not in ("add", "append", "swap_in"):
+            return
+        kv = self.kv
+        live_before = set().union(*before["tables"].values())
+        after = kv._guarded(lambda: list(kv.subject.block_table(args[0])), "block_table")
+        taken = set(after) - live_before
+        kv.expect(len(taken) <= self.free(before), "oom_exact",
+                  f"missing OutOfBlocks: {op}{args} took {len(taken)} blocks {sorted(taken)} but only "
+                  f"{self.free(before)} were free")
+
+    def check_cached(self, seq: int, tokens: list, cached: int, table_of) -> None:
+        kv, B = self.kv, self.kv.B
+        kv.expect(isinstance(cached, int) and 0 <= cached < len(tokens) and cached % B == 0
+                  and (cached == 0 or kv.config["prefix_caching"]), "cache_hit",
+                  f"add({seq}) of {len(tokens)} tokens reports {cached} cached tokens: a hit is whole blocks of "
+                  f"{B}, leaves the last prompt token to compute, and needs prefix caching on")
+        table = table_of()
+        for j in range(cached // B):
+            content = tuple(tokens[:(j + 1) * B])
+            kv.expect(kv.holds(table[j], content), "cache_hit",
+                      lambda: f"add({seq}) serves block {table[j]} for prompt block {j} ({list(content[j * B:])}), "
+                              f"but it holds {kv.block_content(table[j])}")
+        guaranteed = self.guaranteed(tokens)
+        kv.expect(cached >= len(guaranteed) * B, "completeness",
+                  lambda: f"add({seq}) serves {cached} cached tokens, but prompt block {cached // B} "
+                          f"({list(tokens[cached // B * B:(cached // B + 1) * B])} after "
+                          f"{list(tokens[:cached // B * B])}) is still held by block {guaranteed[cached // B]}, "
+                          f"its newest holder, not handed out since: a complete cache serves "
+                          f"{len(guaranteed) * B} tokens")
+
+    def spec_free_blocks(self):
+        return "n/a (policy any)"
+
+    def handed_out(self, blocks, live_before: set) -> None:
+        """`blocks` were taken as fresh blocks: whatever content they held loses its claim."""
+        for block in blocks:
+            content = self.claim.pop(block, None)
+            if content is not None and self.newest.get(content) == block:
+                del self.newest[content]
+                note(self.kv.tally, EVICTION, block not in live_before)   # a released cached block, reused
+
+    def filled(self, block: int, content: tuple) -> None:
+        if self.kv.config["prefix_caching"]:
+            old = self.newest.get(content)
+            if old is not None:
+                self.claim.pop(old, None)
+            self.claim.pop(block, None)
+            self.newest[content], self.claim[block] = block, content
+
+
+JUDGES = {"spec": SpecJudge, "any": AnyJudge}
+
+
+class Conformance:
+    """One subject, its judge (`policy`), the harness's ghost memory and sequence model, and the oracles."""
+
+    def __init__(self, factory, config: dict, tally: Counter = None, *, policy: str = "spec", capabilities=None):
+        if policy not in JUDGES:
+            raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+        self.config, self.policy = dict(config), policy
         self.B = config["block_size"]
-        self.shadow = KVSpec(**config)
         self.tally = tally if tally is not None else Counter()
         self.program, self.trace = [], []
         self.gpu, self.cpu = {}, {}     # ghost memory: flat slot -> KV
         self.tokens = {}                # live sequence -> its tokens, as the harness knows them
         self.cpu_tables = {}            # swapped sequence -> its CPU table, from swap_out's copies
         self.failed = False             # an oracle fired: teardown must not pile a second finding on it
+        self.capabilities = frozenset(capabilities if capabilities is not None else DEFAULT_CAPABILITIES)
+        self.judge = JUDGES[policy](self)
         self.subject = self._guarded(lambda: factory(**config), "factory")
+        if capabilities is None:
+            self.capabilities = frozenset(getattr(self.subject, "capabilities", DEFAULT_CAPABILITIES))
 
     # ------------------------------------------------------------------ oracles plumbing
 
     def expect(self, ok: bool, oracle: str, message) -> None:
         if not ok:
             self.failed = True
-            raise OracleFailure(oracle, message() if callable(message) else message, self.report())
+            raise failure_class(oracle)(oracle, message() if callable(message) else message, self.report())
 
     def _guarded(self, thunk, what: str):
         """Run a subject call; anything but a pagedkv error is the `crash` oracle."""
@@ -96,50 +340,57 @@ class Conformance:
                 "free": self._guarded(self.subject.num_free_blocks, "num_free_blocks")}
 
     def call(self, op: str, *args):
-        """Run `op` on shadow and subject, compare their errors. Returns (ok, result, expected, before)."""
+        """Run `op` on the subject, judge its error. Returns (ok, result, before)."""
         self.program.append((op, args))
         self.tally["steps"] += 1
-        indexed = set(self.shadow.block_hash.items())
-        expected, expected_error = _attempt(self.shadow, op, args)
-        note(self.tally, EVICTION, indexed - set(self.shadow.block_hash.items()))  # only eviction unindexes
+        self.judge.before(op, args)
         before = self.observe()
         result, error = self._guarded(lambda: _attempt(self.subject, op, args), op)
         self.trace.append(format_step(op, args, result, error))
-        self._check_error(expected_error, error)
+        self.judge.check_error(op, args, before, error)
         if error is not None:
             note(self.tally, OUT_OF_BLOCKS, isinstance(error, OutOfBlocks))
             after = self.observe()
             self.expect(after == before, "atomic_failure",
                         lambda: f"{op} raised {type(error).__name__} but changed the state: {before} -> {after}")
         record_event(f"{op} -> {type(error).__name__ if error else 'ok'}")
-        return error is None, result, expected, before
+        return error is None, result, before
 
-    def _check_error(self, expected, actual) -> None:
-        kinds = type(expected), type(actual)
-        if kinds[0] is kinds[1]:
-            return
-        said = (f"spec raises {type(expected).__name__ if expected else 'nothing'} ({expected or ''}), "
-                f"subject raises {type(actual).__name__ if actual else 'nothing'} ({actual or ''})")
-        if any(issubclass(kind, ID_ERRORS) for kind in kinds):
-            self.expect(False, "id_errors", said)
-        if OutOfBlocks in kinds:
-            self.expect(False, "oom_exact", ("missing OutOfBlocks: " if expected else "spurious OutOfBlocks: ") + said)
-        self.expect(False, "state_errors" if InvalidState in kinds else "crash", said)
+    def why_blocks(self, op: str, args: tuple, before: dict) -> str:
+        """Why the operation needs the blocks it needs, for an `oom_exact` report."""
+        free = before["free"]
+        if op == "append" and args[0] in before["tables"]:
+            table, position = before["tables"][args[0]], len(self.tokens[args[0]])
+            sharers = [s for s, t in before["tables"].items() if s != args[0] and table and table[-1] in t]
+            if position % self.B == 0:
+                need = f"the tail is full at {position} tokens: a new block is needed"
+            elif sharers:
+                need = (f"the partly filled tail block {table[-1]} is shared with seq {sharers[0]}: "
+                        f"copy-on-write needs a block")
+            else:
+                need = f"the tail block {table[-1]} has room and is not shared: no block is needed"
+            return f" [{need}; {free} free]"
+        if op == "add":
+            return f" [the prompt needs {blocks_needed(len(args[1]), self.B)} blocks less its cache hits; {free} free]"
+        if op == "swap_in" and args[0] in self.cpu_tables:
+            return f" [swap-in needs {len(self.cpu_tables[args[0]])} blocks; {free} free]"
+        return f" [{free} free]"
 
     # ------------------------------------------------------------------ operations
 
     def add(self, seq: int, tokens: list) -> None:
-        ok, cached, spec_cached, _ = self.call("add", seq, tokens)
+        ok, cached, before = self.call("add", seq, tokens)
         if not ok:
             return
-        self.expect(cached == spec_cached, "cache_hit",
-                    f"add({seq}) reports {cached} cached prompt tokens, the spec serves {spec_cached}")
-        note(self.tally, CACHE_HIT, cached)
         self.tokens[seq] = list(tokens)
-        self.write(seq, self.table(seq), range(cached, len(tokens)))
+        self.judge.check_cached(seq, tokens, cached, lambda: self.table(seq))
+        note(self.tally, CACHE_HIT, cached)
+        table = self.table(seq)
+        self.judge.handed_out(table[cached // self.B:], self.live(before))
+        self.write(seq, table, range(cached, len(tokens)))
 
     def append(self, seq: int, token: int) -> None:
-        ok, copies, _, before = self.call("append", seq, token)
+        ok, copies, before = self.call("append", seq, token)
         if not ok:
             return
         old, position = before["tables"][seq], len(self.tokens[seq])
@@ -148,6 +399,7 @@ class Conformance:
         self.check_copies(seq, old, new, position, [tuple(pair) for pair in copies], before["tables"])
         self.copy(self.gpu, self.gpu, copies)
         note(self.tally, COW, copies)
+        self.judge.handed_out([block for block in new if block not in old], self.live(before))
         self.write(seq, new, [position])
 
     def fork(self, parent: int, child: int) -> None:
@@ -166,7 +418,7 @@ class Conformance:
         self.call("block_table", seq)
 
     def swap_out(self, seq: int) -> None:
-        ok, copies, *_ = self.call("swap_out", seq)
+        ok, copies, _ = self.call("swap_out", seq)
         if ok:
             self.cpu_tables[seq] = [cpu for _, cpu in copies]
             self.check_ids(seq, self.cpu_tables[seq], self.config["num_cpu_blocks"], "cpu")
@@ -174,14 +426,22 @@ class Conformance:
             note(self.tally, SWAP)
 
     def swap_in(self, seq: int) -> None:
-        ok, copies, *_ = self.call("swap_in", seq)
+        ok, copies, before = self.call("swap_in", seq)
         if ok:
             del self.cpu_tables[seq]
-            self.table(seq)
+            table = self.table(seq)
             self.copy(self.cpu, self.gpu, copies)
+            self.judge.handed_out(table, self.live(before))
+            tokens = self.tokens[seq]
+            for j in range(len(tokens) // self.B):
+                self.judge.filled(table[j], tuple(tokens[:(j + 1) * self.B]))
             note(self.tally, SWAP)
 
     # ------------------------------------------------------------------ ghost memory
+
+    @staticmethod
+    def live(observed: dict) -> set:
+        return set().union(*observed["tables"].values())
 
     def copy(self, source: dict, dest: dict, pairs) -> None:
         for src, dst in pairs:
@@ -192,6 +452,17 @@ class Conformance:
         tokens = self.tokens[seq]
         for i in positions:
             self.gpu[slot_of(table, i, self.B)] = KV(tuple(tokens[:i]), tokens[i])
+            if (i + 1) % self.B == 0:
+                self.judge.filled(table[i // self.B], tuple(tokens[:i + 1]))
+
+    def holds(self, block: int, content: tuple) -> bool:
+        """Ghost memory of `block` is the last full block of `content` (checked last slot first)."""
+        B, start = self.B, len(content) - self.B
+        return all(self.gpu.get(block * B + offset) == KV(content[:start + offset], content[start + offset])
+                   for offset in reversed(range(B)))
+
+    def block_content(self, block: int) -> list:
+        return [self.gpu.get(block * self.B + offset) for offset in range(self.B)]
 
     # ------------------------------------------------------------------ checks
 
@@ -249,7 +520,8 @@ class Conformance:
     # ------------------------------------------------------------------ reporting
 
     def report(self) -> dict:
-        return {"config": self.config, "program": [[op, list(args)] for op, args in self.program],
+        return {"config": self.config, "policy": self.policy,
+                "program": [[op, list(args)] for op, args in self.program],
                 "trace": list(self.trace), "state": self.state()}
 
     def state(self) -> dict:
@@ -264,16 +536,67 @@ class Conformance:
                       else shown(lambda s=seq: list(self.subject.block_table(s)))}
                 for seq, tokens in self.tokens.items()}
         return {"sequences": seqs, "num_free_blocks": shown(self.subject.num_free_blocks),
-                "spec_num_free_blocks": self.shadow.num_free_blocks()}
+                "spec_num_free_blocks": self.judge.spec_free_blocks()}
 
 
-def replay(factory, config: dict, program: list) -> None:
+def replay(factory, config: dict, program: list, *, policy: str = "spec", capabilities=None) -> None:
     """Run a saved program (as in `report()["program"]`) through the oracles; raise on the first that fires."""
-    kv = Conformance(factory, config)
+    kv = Conformance(factory, config, policy=policy, capabilities=capabilities)
     for op, args in program:
         getattr(kv, op)(*args)
         kv.check_all()
     kv.finish()
+
+
+# ---------------------------------------------------------------------- declared configurations
+
+def check_config_space(space, capabilities) -> dict:
+    """The validated `config_space` (None: nothing restricted). Raises ConfigSpaceError with the reason."""
+    if space is None:
+        return {}
+    if not isinstance(space, dict):
+        raise ConfigSpaceError(f"config_space must be a dict, got {type(space).__name__}")
+    unknown = set(space) - set(CONFIG_SPACE_KEYS)
+    if unknown:
+        raise ConfigSpaceError(f"config_space has unknown keys {sorted(unknown)}; known: {list(CONFIG_SPACE_KEYS)}")
+    checked = {}
+    if "block_sizes" in space:
+        sizes = tuple(space["block_sizes"])
+        if not sizes or not all(type(b) is int and b >= 1 for b in sizes):
+            raise ConfigSpaceError(f"config_space block_sizes must be ints >= 1, got {space['block_sizes']!r}")
+        checked["block_sizes"] = sizes
+    if "prefix_caching" in space:
+        allowed = tuple(space["prefix_caching"])
+        if not allowed or not all(type(v) is bool for v in allowed):
+            raise ConfigSpaceError(f"config_space prefix_caching must be a tuple of bools, got {space['prefix_caching']!r}")
+        if True in allowed and "prefix_caching" not in capabilities:
+            raise ConfigSpaceError("config_space allows prefix_caching=True but the subject does not declare "
+                                   "the 'prefix_caching' capability")
+        checked["prefix_caching"] = allowed
+    for key, least in (("num_blocks", 1), ("num_cpu_blocks", 0)):
+        if key in space:
+            values = space[key]
+            if not isinstance(values, range) or not values or min(values) < least:
+                raise ConfigSpaceError(f"config_space {key} must be a non-empty range of ints >= {least}, "
+                                       f"got {values!r}")
+            checked[key] = values
+    return checked
+
+
+def declared_config_space(factory, subject=None) -> dict:
+    """The `config_space` the factory (or else the subject it built) declares, validated."""
+    space = getattr(factory, "config_space", None)
+    if space is None and subject is not None:
+        space = getattr(subject, "config_space", None)
+    capabilities = getattr(subject, "capabilities", getattr(factory, "capabilities", DEFAULT_CAPABILITIES))
+    return check_config_space(space, frozenset(capabilities))
+
+
+def probe_config(space: dict) -> dict:
+    """The smallest configuration a declared space allows: what a probe subject is built with."""
+    return {"num_blocks": min(space.get("num_blocks", [2])), "block_size": min(space.get("block_sizes", [2])),
+            "prefix_caching": False if False in space.get("prefix_caching", (False,)) else True,
+            "num_cpu_blocks": min(space.get("num_cpu_blocks", [0]))}
 
 
 # ---------------------------------------------------------------------- the Hypothesis machine
@@ -286,12 +609,20 @@ def token_lists(min_size: int = 0, max_size: int = None) -> st.SearchStrategy:
     return byte_token_lists(ALPHABET, min_size, max_size)
 
 
-def configs(capabilities) -> st.SearchStrategy:
+def configs(capabilities, space: dict = None) -> st.SearchStrategy:
+    """Pool configurations: small pools and blocks by default, within a declared `config_space`."""
+    space = space or {}
+    caching = (st.sampled_from(space.get("prefix_caching", [True, True, True, False]))
+               if "prefix_caching" in capabilities else False)
     return pool_configs(
-        num_blocks=st.one_of(st.integers(1, 3), st.integers(2, 8), st.integers(4, 24)),
-        block_size=st.one_of(st.integers(1, 4), st.integers(5, 16)),
-        prefix_caching=st.sampled_from([True, True, True, False]) if "prefix_caching" in capabilities else False,
-        num_cpu_blocks=st.integers(0, 8) if "swap" in capabilities else 0,
+        num_blocks=(st.sampled_from(space["num_blocks"]) if "num_blocks" in space
+                    else st.one_of(st.integers(1, 3), st.integers(2, 8), st.integers(4, 24))),
+        block_size=(st.sampled_from(space["block_sizes"]) if "block_sizes" in space
+                    else st.one_of(st.integers(1, 4), st.integers(5, 16))),
+        prefix_caching=caching,
+        num_cpu_blocks=(0 if "swap" not in capabilities
+                        else st.sampled_from(space["num_cpu_blocks"]) if "num_cpu_blocks" in space
+                        else st.integers(0, 8)),
     )
 
 
@@ -300,6 +631,8 @@ class ConformanceMachine(RuleBasedStateMachine):
 
     factory = staticmethod(KVSpec)
     capabilities = DEFAULT_CAPABILITIES
+    policy = "spec"
+    config_space = ()    # the declared config_space's items (immutable; see `check_config_space`)
     tally = None     # a run's Counter, bound by `machine_for`; unbound, each example counts its own
     seqs = Bundle("seqs")
 
@@ -309,14 +642,14 @@ class ConformanceMachine(RuleBasedStateMachine):
 
     @initialize(data=st.data())
     def setup(self, data):
-        config = data.draw(configs(self.capabilities), label="config")
+        config = data.draw(configs(self.capabilities, dict(self.config_space)), label="config")
         B = config["block_size"]
         self.history = data.draw(st.lists(token_lists(B + 1, 3 * B), min_size=2, max_size=3),
                                  label="shared prefixes")
         self.suffixes = token_lists(max_size=B)
         self.fresh_id = FreshIds()
         self.tally["examples"] += 1
-        self.kv = Conformance(self.factory, config, self.tally)
+        self.kv = Conformance(self.factory, config, self.tally, policy=self.policy, capabilities=self.capabilities)
 
     def has(self, capability: str) -> bool:
         return capability in self.capabilities
@@ -340,6 +673,15 @@ class ConformanceMachine(RuleBasedStateMachine):
             self.kv.add(seq, self.prompt(data))
             self.remember(seq)
         return multiple(*seqs)
+
+    @rule(target=seqs)
+    def repeat_latest(self):
+        """The latest prompt (or finished sequence) again, in full: the request that must hit the
+        blocks just cached, or find them evicted by what came since."""
+        seq = self.fresh_id()
+        self.kv.add(seq, list(self.history[-1]))
+        self.remember(seq)
+        return seq
 
     @rule(seq=seqs, data=st.data())
     def add_existing(self, seq, data):
@@ -416,9 +758,14 @@ class ConformanceMachine(RuleBasedStateMachine):
             self.kv.finish()
 
 
-def machine_for(factory, capabilities=DEFAULT_CAPABILITIES, tally: Counter = None, name: str = "subject") -> type:
-    """A `ConformanceMachine` bound to one subject factory (and, for one run, a tally). `name` keys
-    the example database."""
-    attrs = {"factory": staticmethod(factory), "capabilities": frozenset(capabilities),
-             "tally": tally if tally is not None else Counter()}
+def machine_for(factory, capabilities=DEFAULT_CAPABILITIES, tally: Counter = None, name: str = "subject", *,
+                policy: str = "spec", config_space: dict = None) -> type:
+    """A `ConformanceMachine` bound to one subject factory (and, for one run, a tally), judged under
+    `policy`, drawing configurations from `config_space` (validated here). `name` keys the example
+    database."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    space = check_config_space(config_space, frozenset(capabilities))
+    attrs = {"factory": staticmethod(factory), "capabilities": frozenset(capabilities), "policy": policy,
+             "config_space": tuple(space.items()), "tally": tally if tally is not None else Counter()}
     return type(f"Conformance[{name}]", (ConformanceMachine,), attrs)

@@ -53,7 +53,7 @@ class SpecMachine(RuleBasedStateMachine):
         """Run one operation; on a typed error require the state untouched. Returns (ok, result)."""
         self.tally["steps"] += 1
         before = self.kv.snapshot()
-        indexed_before = set(self.kv.block_hash.items())
+        indexed_before = self.kv.cached_blocks()
         try:
             result = getattr(self.kv, operation)(*args)
         except PagedKVError as error:
@@ -61,7 +61,7 @@ class SpecMachine(RuleBasedStateMachine):
             note(self.tally, OUT_OF_BLOCKS, isinstance(error, OutOfBlocks))
             event(f"{operation} -> {type(error).__name__}")
             return False, error
-        note(self.tally, EVICTION, indexed_before - set(self.kv.block_hash.items()))  # only eviction unindexes
+        note(self.tally, EVICTION, indexed_before.items() - self.kv.cached_blocks().items())  # only eviction unindexes
         event(f"{operation} ok")
         return True, result
 

@@ -7,7 +7,7 @@ snapshot renders counterexamples in domain terms (`describe`).
 """
 import z3
 
-from pagedkv.spec import KVSpec, prefix_hashes
+from pagedkv.spec import KVSpec
 
 from .encoding import NIL, STATUS_NAMES, Bounds, State, Toks
 
@@ -21,15 +21,11 @@ def _slot(kv_slot):
 
 
 def _index(kv: KVSpec) -> dict:
-    """block -> key tokens; the spec's two maps must be inverse and each hash must name its tokens."""
-    if {b: h for h, b in kv.hash_to_block.items()} != kv.block_hash:
-        raise OutsideBounds("hash_to_block and block_hash are not inverse maps")
-    index = {}
-    for block, h in kv.block_hash.items():
-        tokens = _slot(kv.slots[block][-1]) or ()
-        if len(tokens) % kv.block_size or prefix_hashes(tokens, kv.block_size, len(tokens) // kv.block_size)[-1:] != [h]:
-            raise OutsideBounds(f"block {block}'s hash does not name its tokens")
-        index[block] = tokens
+    """block -> key tokens; each key must be the tokens its block's last slot completes."""
+    index = kv.cached_blocks()
+    for block, key in index.items():
+        if len(key) % kv.block_size or (_slot(kv.slots[block][-1]) or ()) != key:
+            raise OutsideBounds(f"block {block}'s key does not name its tokens")
     return index
 
 

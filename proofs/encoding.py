@@ -9,10 +9,9 @@ order. Entries past a length are "don't care": every comparison masks them (`sam
 Ghost content, exact. A slot's `KV(prefix, token)` is the token string `prefix + (token,)`, held as a
 Z3 datatype list `Toks` built last token first (`cons(last, init)`), `nil` for an empty slot. So a slot
 written at position p of a sequence holds that sequence's first p + 1 tokens, and a prefix cache key
-(the spec's chained hash) is the token string up to the end of its block: the hash is modelled as
-injective, which is what the spec relies on (hits are confirmed by content; a collision only costs a
-miss). `block_hash` is kept per block (`hashed`, `key`); `hash_to_block` is its inverse, well defined
-because `cache_index` requires distinct keys.
+is, as in the spec, the token string up to the end of its block. The spec's `block_key` is kept per
+block (`hashed`, `key`); its `holders` (content -> blocks) is the inverse relation: several blocks may
+hold one key, and a hit serves the lowest-numbered.
 
 Transitions are programs over a `Run`: `fail_unless(cond, error)` raises (the spec checks before it
 mutates), and every `update` takes effect only while no error has been raised and the current `when`
@@ -274,9 +273,6 @@ class Machine:
     def seq_prefixes(self, s: State, sid):
         return prefixes(at(s.toks, sid))
 
-    def key_indexed(self, s: State, key):
-        return z3.Or([z3.And(h, k == key) for h, k in zip(s.hashed, s.key)])
-
     # ---------------------------------------------------------------- operations
 
     def add(self, run: Run, sid, n, tokens) -> None:
@@ -508,7 +504,7 @@ class Machine:
         if not self.b.prefix_caching:
             return
         s = run.s
-        with run.when(z3.And(z3.Not(self.key_indexed(s, key)), z3.Not(at(s.hashed, block)))):
+        with run.when(z3.Not(at(s.hashed, block))):
             run.update(hashed=put(s.hashed, block, z3.BoolVal(True)), key=put(s.key, block, key))
 
     def release(self, run: Run, row, tlen) -> None:

@@ -62,7 +62,7 @@ def canonical(kv: KVSpec) -> tuple:
                    tuple(cpu[b] for b in seq.cpu_block_table), seq.cached_tokens) for seq in seqs),
             tuple(kv.ref_count[b] for b in by_gpu), tuple(tuple(kv.slots[b]) for b in by_gpu),
             tuple(gpu[b] for b in kv.free_queue), tuple(gpu[b] for b in kv.evictable),
-            tuple(sorted((gpu[b], h) for b, h in kv.block_hash.items())),
+            tuple(sorted((gpu[b], key) for b, key in kv.cached_blocks().items())),
             tuple(tuple(kv.cpu_slots[b]) for b in by_cpu), tuple(cpu[b] for b in kv.cpu_free_queue))
 
 
@@ -106,7 +106,7 @@ def explore(alphabet: Alphabet, depth: int, spec_class=KVSpec) -> Exploration:
                 kv = pickle.loads(blob)
                 before = canonical(kv)
                 result.transitions += 1
-                indexed = set(kv.block_hash.items())
+                indexed = kv.cached_blocks()
                 try:
                     getattr(kv, operation)(*args)
                 except PagedKVError:
@@ -131,12 +131,12 @@ def explore(alphabet: Alphabet, depth: int, spec_class=KVSpec) -> Exploration:
     return result
 
 
-def _note_situations(reached: Counter, kv: KVSpec, indexed_before: set) -> None:
+def _note_situations(reached: Counter, kv: KVSpec, indexed_before: dict) -> None:
     if kv.num_free_blocks() == 0:
         reached["pool exhausted"] += 1
     if any(count >= 3 for count in kv.ref_count):
         reached["block in three tables"] += 1
-    if indexed_before - set(kv.block_hash.items()):
+    if indexed_before.items() - kv.cached_blocks().items():
         reached["eviction"] += 1
     if any(seq.status == "swapped" for seq in kv.seqs.values()):
         reached["swapped"] += 1

@@ -69,17 +69,15 @@ def content(b: Bounds, s: State):
 
 
 def cache_index(b: Bounds, s: State):
-    """Indexed blocks are full and hold exactly the tokens their key names; keys are distinct (so the
-    spec's hash_to_block is the inverse of block_hash)."""
+    """Indexed blocks are full and hold exactly the tokens their key names (several blocks may hold
+    one key: the spec indexes every holder)."""
     def holds_key(blk):
         key, slots, parts = s.key[blk], s.slots[blk], []
         for o in reversed(range(b.block_size)):
             parts += [Toks.is_cons(key), slots[o] == key]
             key = Toks.init(key)
         return z3.Implies(s.hashed[blk], z3.And(parts))
-    distinct = [z3.Implies(z3.And(s.hashed[i], s.hashed[j]), s.key[i] != s.key[j])
-                for j in range(b.num_blocks) for i in range(j)]
-    return z3.And([holds_key(blk) for blk in range(b.num_blocks)] + distinct)
+    return z3.And([holds_key(blk) for blk in range(b.num_blocks)])
 
 
 def well_formed(b: Bounds, s: State):

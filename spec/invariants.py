@@ -6,7 +6,7 @@ names are used by `KVSpec.check()`, the Z3 proofs and the fuzz reports.
 
 from collections import Counter
 
-from .blocks import blocks_needed, expected_slots, prefix_hashes
+from .blocks import blocks_needed, expected_slots
 from .errors import InvariantViolation
 
 
@@ -21,7 +21,7 @@ def conservation(kv) -> list:
         if homes[block] != 1:
             problems.append(f"gpu block {block} is in {homes[block]} of free/evictable/live")
     for block in evictable:
-        if block not in kv.block_hash:
+        if block not in kv.block_key:
             problems.append(f"evictable block {block} is not in the prefix index")
     cpu_held = [b for seq in kv.seqs.values() for b in seq.cpu_block_table]
     cpu_homes = Counter(list(kv.cpu_free_queue) + cpu_held)
@@ -77,21 +77,16 @@ def content(kv) -> list:
 
 
 def cache_index(kv) -> list:
-    """The index and the blocks' hashes agree; every indexed block is full and holds exactly the
-    tokens (and prefix) its hash names."""
+    """The holders of each content and the blocks' keys agree; every indexed block is full and holds
+    exactly the tokens (and prefix) its key names."""
     problems = []
-    if {b: h for h, b in kv.hash_to_block.items()} != kv.block_hash:
-        problems.append("hash_to_block and block_hash are not inverse maps")
-    for block, h in kv.block_hash.items():
-        slots = kv.slots[block]
-        if any(slot is None for slot in slots):
-            problems.append(f"indexed block {block} is not full")
-            continue
-        tokens = slots[-1].prefix + (slots[-1].token,)
-        if slots != expected_slots(tokens, len(tokens) - kv.block_size, len(tokens)):
-            problems.append(f"indexed block {block} holds slots of different prefixes")
-        elif prefix_hashes(tokens, kv.block_size, len(tokens) // kv.block_size)[-1] != h:
-            problems.append(f"indexed block {block} holds tokens that do not hash to {h}")
+    if {b: key for key, blocks in kv.holders.items() for b in blocks} != kv.block_key or not all(kv.holders.values()):
+        problems.append("holders and block_key do not describe the same index")
+    for block, key in kv.block_key.items():
+        if len(key) % kv.block_size or not key:
+            problems.append(f"indexed block {block} has a key of {len(key)} tokens, not whole blocks")
+        elif kv.slots[block] != expected_slots(key, len(key) - kv.block_size, len(key)):
+            problems.append(f"indexed block {block} does not hold the last block of its key")
     return problems
 
 

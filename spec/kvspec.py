@@ -9,10 +9,15 @@ Sharing. `fork` gives a child the parent's blocks; each block's *ref count* says
 hold it. A block with ref count > 1 is read-only: appending into a shared, partly filled tail first
 copies it to a fresh block (*copy-on-write*) and returns the copy for the engine to perform.
 
-Prefix caching. A full block is indexed by a hash chained over every token up to its end. A new
-prompt reuses indexed blocks for its longest matching prefix (confirmed by content, never the whole
-prompt: its last token must be computed to produce logits). A released cached block is not wiped:
-it waits in an LRU *evictable* set, still indexed, and is evicted only when the free queue is empty.
+Prefix caching. A full block is indexed by its content: every token up to its end (the prefix it
+completes), so the index is exact by construction (no hash can collide). Every full block is indexed
+when it fills, also when an equal block already is: one content may have several holders, and a hit
+serves the lowest-numbered one. A new prompt reuses indexed blocks for its longest matching prefix
+(never the whole prompt: its last token must be computed to produce logits). A released cached block
+is not wiped: it waits in an LRU *evictable* set, still indexed, and is evicted only when the free
+queue is empty; evicting it drops only that holder, so an equal block still serves the prefix.
+Hence the spec is *complete*: a released full block that has not been handed out again, and is the
+newest holder of its content, still serves its prefix (docs/conformance.md, "Completeness").
 
 Preemption. When blocks run short a running sequence is preempted: by *recompute* (its blocks are
 released and its tokens re-prefilled later by `resume`) or by *swap* (its blocks are copied to a CPU
@@ -32,7 +37,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from .arguments import check_prompt, check_seq_id, check_step_tokens, check_token, is_int, require
-from .blocks import KV, blocks_needed, expected_slots, prefix_hashes
+from .blocks import KV, blocks_needed
 from .errors import DuplicateSequence, InvalidArgument, InvalidState, OutOfBlocks, UnknownSequence
 
 RUNNING, WAITING, SWAPPED = "running", "waiting", "swapped"
@@ -57,7 +62,7 @@ class StepResult:
 
 
 class KVSpec:
-    capabilities = frozenset({"fork", "prefix_caching", "swap"})
+    capabilities = frozenset({"fork", "prefix_caching", "swap", "complete_cache"})
 
     def __init__(self, num_blocks: int, block_size: int, *, num_cpu_blocks: int = 0,
                  prefix_caching: bool = False):
@@ -74,8 +79,8 @@ class KVSpec:
         self.slots = [self._empty_block() for _ in range(num_blocks)]
         self.free_queue = deque(range(num_blocks))   # never-cached free blocks, FIFO
         self.evictable: OrderedDict = OrderedDict()  # released cached blocks, least recent first
-        self.block_hash: dict = {}                   # indexed block -> chained hash
-        self.hash_to_block: dict = {}
+        self.block_key: dict = {}                    # indexed block -> its content (tokens up to its end)
+        self.holders: dict = {}                      # content -> the indexed blocks holding it
         self.cpu_slots = [self._empty_block() for _ in range(num_cpu_blocks)]
         self.cpu_free_queue = deque(range(num_cpu_blocks))
         self.admissions = 0  # sequences admitted so far; orders preemption victims
@@ -303,6 +308,10 @@ class KVSpec:
     def num_free_cpu_blocks(self) -> int:
         return len(self.cpu_free_queue)
 
+    def cached_blocks(self) -> dict:
+        """Indexed block -> the tokens its content completes (every token up to the block's end)."""
+        return dict(self.block_key)
+
     def snapshot(self) -> dict:
         """A deep copy of the whole state, to compare before and after a failed operation."""
         return copy.deepcopy(vars(self))
@@ -358,16 +367,16 @@ class KVSpec:
             self._write(seq, position)
 
     def _cache_hits(self, tokens) -> list:
-        """Indexed blocks matching the prompt's leading full blocks, confirmed by content."""
+        """The lowest-numbered indexed holder of each of the prompt's leading full blocks."""
         if not self.prefix_caching:
             return []
         B = self.block_size
         hits = []
-        for j, h in enumerate(prefix_hashes(tokens, B, (len(tokens) - 1) // B)):
-            block = self.hash_to_block.get(h)
-            if block is None or self.slots[block] != expected_slots(tokens, j * B, (j + 1) * B):
+        for j in range((len(tokens) - 1) // B):
+            holders = self.holders.get(tuple(tokens[:(j + 1) * B]))
+            if not holders:
                 break
-            hits.append(block)
+            hits.append(min(holders))
         return hits
 
     def _take_block(self) -> int:
@@ -377,7 +386,7 @@ class KVSpec:
             block = self.free_queue.popleft()
         else:
             block, _ = self.evictable.popitem(last=False)
-            del self.hash_to_block[self.block_hash.pop(block)]
+            self._unindex(block)
             self.slots[block] = self._empty_block()
         self.ref_count[block] = 1
         return block
@@ -398,14 +407,20 @@ class KVSpec:
             self._index_full_block(seq, position // self.block_size)
 
     def _index_full_block(self, seq: Sequence, j: int) -> None:
-        """Register full block j of `seq` in the prefix index unless its hash is already there."""
+        """Index full block j of `seq` under its content (beside any equal block already indexed)."""
         if not self.prefix_caching:
             return
         block = seq.block_table[j]
-        h = prefix_hashes(seq.tokens, self.block_size, j + 1)[-1]
-        if h not in self.hash_to_block and block not in self.block_hash:
-            self.hash_to_block[h] = block
-            self.block_hash[block] = h
+        if block not in self.block_key:
+            key = tuple(seq.tokens[:(j + 1) * self.block_size])
+            self.block_key[block] = key
+            self.holders.setdefault(key, set()).add(block)
+
+    def _unindex(self, block: int) -> None:
+        key = self.block_key.pop(block)
+        self.holders[key].discard(block)
+        if not self.holders[key]:
+            del self.holders[key]
 
     def _release(self, table: list) -> None:
         """Drop one reference to each block, tail first, so a prefix's head is evicted last."""
@@ -413,7 +428,7 @@ class KVSpec:
             self.ref_count[block] -= 1
             if self.ref_count[block] > 0:
                 continue
-            if block in self.block_hash:
+            if block in self.block_key:
                 self.evictable[block] = None
             else:
                 self.slots[block] = self._empty_block()

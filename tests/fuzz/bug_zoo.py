@@ -1,9 +1,11 @@
 """A bug zoo: a small correct block manager and broken variants, each one bug real engines shipped.
 
 `Reference` is shaped like a production block pool (refcounts, a FIFO free queue, an LRU of released
-cached blocks, a chained-hash prefix index whose hits are confirmed against the block's own tokens).
+cached blocks, a chained-hash prefix index whose hits are confirmed against the block's own tokens and
+that keeps every full block, several under one hash, serving the lowest-numbered: the spec's choices).
 Each bug is a subclass that overrides one method. Every class is a conformance-protocol factory, so
-`pagedkv fuzz bug_zoo:CowInPlace` works with this directory on the path.
+`pagedkv fuzz bug_zoo:CowInPlace` works with this directory on the path. `SingleFreeList` is not a bug:
+a correct manager with other free choices than the spec's, which passes policy `any` only.
 """
 
 from collections import Counter, OrderedDict, deque
@@ -19,16 +21,17 @@ class Seq:
 
 
 class Reference:
-    """Correct: passes the conformance harness. Capabilities: fork and prefix caching (no swap)."""
+    """Correct: passes the conformance harness under both policies. Capabilities: fork and prefix
+    caching with a complete cache (no swap)."""
 
-    capabilities = frozenset({"fork", "prefix_caching"})
+    capabilities = frozenset({"fork", "prefix_caching", "complete_cache"})
 
     def __init__(self, num_blocks, block_size, *, prefix_caching=False, num_cpu_blocks=0):
         self.B, self.prefix_caching = block_size, prefix_caching
         self.refs = Counter()
         self.free_queue = deque(range(num_blocks))
         self.evictable = OrderedDict()  # released cached blocks, least recently released first
-        self.index, self.block_hash, self.block_tokens = {}, {}, {}  # hash -> block, block -> hash / tokens
+        self.index, self.block_hash, self.block_tokens = {}, {}, {}  # hash -> blocks, block -> hash / tokens
         self.seqs = {}
 
     # ------------------------------------------------------------------ protocol
@@ -115,9 +118,15 @@ class Reference:
 
     def _evict(self):
         block, _ = self.evictable.popitem(last=False)
-        del self.index[self.block_hash.pop(block)]
-        del self.block_tokens[block]
+        self._unregister(block)
         return block
+
+    def _unregister(self, block):
+        h = self.block_hash.pop(block)
+        self.index[h].discard(block)
+        if not self.index[h]:
+            del self.index[h]
+        del self.block_tokens[block]
 
     def _copy_on_write(self, seq):
         src, dst = seq.table[-1], self._take()
@@ -153,22 +162,23 @@ class Reference:
             return []
         hits = []
         for j, h in enumerate(self._hashes(tokens, (len(tokens) - 1) // self.B)):
-            block = self.index.get(h)
-            if block is None or not self._confirmed(block, tokens, j):
+            confirmed = [block for block in self.index.get(h, ()) if self._confirmed(block, tokens, j)]
+            if not confirmed:
                 break
-            hits.append(block)
+            hits.append(min(confirmed))
         return hits
 
     def _confirmed(self, block, tokens, j):
         return self.block_tokens[block] == tuple(tokens[j * self.B:(j + 1) * self.B])
 
     def _register(self, seq, j):
-        """Index full block j unless its hash (or the block) already is; skip blocks the table lacks."""
+        """Index full block j (beside equal blocks) unless it already is; skip blocks the table lacks."""
         if not self.prefix_caching or j >= len(seq.table):
             return
         block, h = seq.table[j], self._hashes(seq.tokens, j + 1)[-1]
-        if h not in self.index and block not in self.block_hash:
-            self.index[h], self.block_hash[block] = block, h
+        if block not in self.block_hash:
+            self.index.setdefault(h, set()).add(block)
+            self.block_hash[block] = h
             self.block_tokens[block] = tuple(seq.tokens[j * self.B:(j + 1) * self.B])
 
 
@@ -277,3 +287,52 @@ class BlockIdsFromOne(Reference):
         super().__init__(num_blocks, block_size, **options)
         self.free_queue = deque(range(1, num_blocks + 1))
 
+
+
+class ForgetsReleased(Reference):
+    """A cache that silently forgets: a released block leaves the index at once (no hit across requests)."""
+
+    def _drop(self, block):
+        if self.refs[block] == 1 and block in self.block_hash:
+            self._unregister(block)
+        super()._drop(block)
+
+
+# ---------------------------------------------------------------------- correct, other free choices
+
+class SingleFreeList(Reference):
+    """Correct, with one FIFO free list for cached and never-cached blocks alike (issue 13, item 2):
+    a released block joins the back of the list still indexed, and taking the front block evicts it
+    when it is cached, even while a never-cached block waits behind it. Hits take their block out."""
+
+    def __init__(self, num_blocks, block_size, **options):
+        super().__init__(num_blocks, block_size, **options)
+        self.free_list = deque(range(num_blocks))
+        del self.free_queue, self.evictable
+
+    def num_free_blocks(self):
+        return len(self.free_list)
+
+    def _allocate(self, hits, needed):
+        available = len(self.free_list) - sum(block in self.free_list for block in hits)
+        if needed > available:
+            raise OutOfBlocks(needed, available)
+        return [self._share(block) for block in hits] + [self._take() for _ in range(needed)]
+
+    def _share(self, block):
+        if self.refs[block] == 0:
+            self.free_list.remove(block)
+        self.refs[block] += 1
+        return block
+
+    def _take(self):
+        block = self.free_list.popleft()
+        if block in self.block_hash:
+            self._unregister(block)
+        self.refs[block] = 1
+        return block
+
+    def _drop(self, block):
+        self.refs[block] -= 1
+        if self.refs[block] == 0:
+            self.free_list.append(block)

@@ -6,10 +6,11 @@ import pytest
 
 import bug_zoo
 from pagedkv.fuzz.campaign import check
-from pagedkv.fuzz.harness import replay
+from pagedkv.fuzz.harness import ConfigSpaceError, Conformance, machine_for, replay
 from pagedkv.fuzz.oracles import OracleFailure
 from pagedkv.fuzz.subjects import Subject
-from pagedkv.spec import KVSpec
+from pagedkv.fuzz.testing import ConformanceFailure, conformance_test, run_conformance
+from pagedkv.spec import InvalidState, KVSpec, OutOfBlocks
 
 CONFIG = {"num_blocks": 3, "block_size": 2, "prefix_caching": True, "num_cpu_blocks": 2}
 SHARED_TAIL = [("add", (1, [0, 1, 2])), ("fork", (1, 2)), ("append", (2, 3)), ("append", (1, 0))]
@@ -67,3 +68,139 @@ def test_a_subject_raising_a_foreign_exception_is_the_crash_oracle():
     with pytest.raises(OracleFailure) as caught:
         replay(Crashing, dict(CONFIG, prefix_caching=False), [("add", (1, [0])), ("free", (1,))])
     assert caught.value.oracle == "crash" and "segfault" in caught.value.message
+
+
+# ---------------------------------------------------------------------- policy any
+
+class StateBeforeIds(KVSpec):
+    """Correct, another error order: fork checks the parent's status before the child id."""
+
+    def fork(self, parent_id, child_id):
+        if parent_id in self.seqs and self.status(parent_id) != "running":
+            raise InvalidState(f"cannot fork sequence {parent_id!r}: it is {self.status(parent_id)}")
+        return super().fork(parent_id, child_id)
+
+
+SWAPPED_PARENT_INTO_EXISTING_CHILD = [("add", (1, [0, 1, 2])), ("add", (2, [3])), ("swap_out", (1,)),
+                                      ("fork", (1, 2))]
+
+
+def test_when_several_errors_apply_any_accepts_either_and_spec_demands_its_order():
+    replay(StateBeforeIds, CONFIG, SWAPPED_PARENT_INTO_EXISTING_CHILD, policy="any")
+    with pytest.raises(OracleFailure) as caught:
+        replay(StateBeforeIds, CONFIG, SWAPPED_PARENT_INTO_EXISTING_CHILD, policy="spec")
+    assert caught.value.oracle == "id_errors"
+
+
+@pytest.mark.parametrize("policy, oracle", [("spec", "cache_hit"), ("any", "completeness")])
+def test_a_cache_that_forgets_released_blocks_is_caught(policy, oracle):
+    config = dict(CONFIG, num_blocks=4, num_cpu_blocks=0)
+    with pytest.raises(OracleFailure) as caught:
+        replay(bug_zoo.ForgetsReleased, config, [("add", (1, [0, 1, 2])), ("free", (1,)), ("add", (2, [0, 1, 3]))],
+               policy=policy)
+    assert caught.value.oracle == oracle and "add(2)" in caught.value.message
+
+
+def test_completeness_lapses_once_the_holder_is_handed_out_again():
+    """After block 0 ([0, 1]) is taken for other tokens, a miss on [0, 1] is legal under `any`."""
+    config = dict(CONFIG, num_blocks=2, num_cpu_blocks=0)
+    program = [("add", (1, [0, 1, 2])), ("free", (1,)), ("add", (2, [3, 3, 3])), ("free", (2,)),
+               ("add", (3, [0, 1, 2]))]
+    replay(bug_zoo.ForgetsReleased, config, program, policy="any")
+
+
+class Conservative(bug_zoo.Reference):
+    """Admission that ignores its hits when counting what it needs (refuses early, atomically)."""
+
+    def _allocate(self, hits, needed):
+        if needed + len(hits) > self.num_free_blocks():
+            raise OutOfBlocks(needed + len(hits), self.num_free_blocks())
+        return super()._allocate(hits, needed)
+
+
+class DeclaredConservative(Conservative):
+    capabilities = Conservative.capabilities | {"conservative_admission"}
+
+
+LIVE_HIT_FITS = [("add", (1, [0, 1, 2])), ("add", (2, [0, 1, 3]))]   # N=3: a live hit plus the 1 free block
+
+
+def test_a_spurious_refusal_is_oom_exact_unless_conservative_admission_is_declared():
+    config = dict(CONFIG, num_blocks=3, num_cpu_blocks=0)
+    with pytest.raises(OracleFailure) as caught:
+        replay(Conservative, config, LIVE_HIT_FITS, policy="any")
+    assert caught.value.oracle == "oom_exact" and "spurious" in caught.value.message
+    kv = Conformance(DeclaredConservative, config, policy="any")
+    for op, args in LIVE_HIT_FITS:
+        getattr(kv, op)(*args)
+        kv.check_all()
+    assert kv.tally["oom_conservative"] == 1 and kv.tally["out_of_blocks"] == 1
+
+
+def test_hits_are_checked_against_the_content_they_claim():
+    """A weak hash that serves another prompt's block: `any` names the block and what it holds."""
+    config = dict(CONFIG, num_blocks=6, num_cpu_blocks=0)
+    with pytest.raises(OracleFailure) as caught:
+        replay(bug_zoo.UnconfirmedWeakHash, config, [("add", (1, [0, 1, 2])), ("add", (2, [0, 2, 2]))],
+               policy="any")
+    assert caught.value.oracle == "cache_hit" and "holds" in caught.value.message
+
+
+# ---------------------------------------------------------------------- declared configurations
+
+@pytest.mark.parametrize("space, reason", [
+    ({"block_size": (16,)}, "unknown keys"),
+    ({"block_sizes": (0, 16)}, "ints >= 1"),
+    ({"block_sizes": ()}, "ints >= 1"),
+    ({"prefix_caching": (True,)}, "does not declare"),
+    ({"prefix_caching": ("yes",)}, "tuple of bools"),
+    ({"num_blocks": (4, 8)}, "range"),
+    ({"num_blocks": range(0, 4)}, ">= 1"),
+    ({"num_cpu_blocks": range(0)}, "non-empty"),
+])
+def test_a_bad_config_space_is_refused_with_the_reason(space, reason):
+    with pytest.raises(ConfigSpaceError, match=reason):
+        machine_for(KVSpec, {"fork"}, config_space=space)
+
+
+class Restricted(bug_zoo.Reference):
+    """Prefix caching always on, block sizes 16 or 32 only; records every configuration it is built with."""
+
+    config_space = {"block_sizes": (16, 32), "prefix_caching": (True,), "num_blocks": range(3, 7)}
+    built = []
+
+    def __init__(self, num_blocks, block_size, *, prefix_caching=False, num_cpu_blocks=0):
+        if block_size not in (16, 32) or not prefix_caching:
+            raise ValueError(f"unsupported block_size={block_size} prefix_caching={prefix_caching}")
+        super().__init__(num_blocks, block_size, prefix_caching=prefix_caching)
+        self.built.append((num_blocks, block_size, prefix_caching, num_cpu_blocks))
+
+
+def test_configurations_are_drawn_from_the_declared_space():
+    Restricted.built.clear()
+    run_conformance(Restricted, policy="any", max_examples=25)
+    assert {size for _, size, _, _ in Restricted.built} == {16, 32}
+    assert all(3 <= blocks <= 6 and caching for blocks, _, caching, _ in Restricted.built)
+
+
+# ---------------------------------------------------------------------- the pytest entry point
+
+class TwoBugs(bug_zoo.BlockIdsFromOne):
+    """Block ids from 1 *and* a double free accepted: two distinct oracles."""
+
+    def _forget(self, seq_id):
+        pass
+
+
+def test_the_entry_point_reports_every_distinct_oracle_with_readable_programs():
+    test = conformance_test(TwoBugs, policy="any", max_examples=60)
+    assert test.__name__.startswith("test_")
+    with pytest.raises(ConformanceFailure) as caught:
+        test()
+    assert {failure["oracle"] for failure in caught.value.failures} == {"block_range", "id_errors"}
+    text = str(caught.value)
+    assert "COUNTEREXAMPLE" in text and "add(seq=" in text and "@reproduce_failure" not in text
+
+
+def test_the_entry_point_passes_a_correct_subject():
+    conformance_test(bug_zoo.Reference, max_examples=20)()

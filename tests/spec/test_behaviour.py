@@ -3,7 +3,6 @@
 import pytest
 from hypothesis import given, strategies as st
 
-import pagedkv.spec.kvspec as kvspec_module
 from pagedkv.spec import KV, KVSpec, OutOfBlocks, blocks_needed, slot_of
 from pagedkv.spec.lab import block_arithmetic
 
@@ -69,7 +68,7 @@ def test_evicts_least_recently_released_cached_block_only_when_free_queue_is_emp
     assert list(kv.evictable) == [0, 2] and list(kv.free_queue) == [1, 3]
     kv.add(3, [9, 9, 9, 9, 9])    # needs 3: takes 1, 3, then evicts 0
     assert kv.block_table(3) == [1, 3, 0]
-    assert 0 not in kv.block_hash and list(kv.evictable) == [2]
+    assert 0 not in kv.cached_blocks() and list(kv.evictable) == [2]
     with pytest.raises(OutOfBlocks) as caught:  # a hit reclaims block 2 itself: nothing else is left
         kv.add(4, [4, 5, 8])
     assert (caught.value.needed, caught.value.available) == (1, 0)
@@ -88,23 +87,41 @@ def test_prefix_hit_never_serves_the_whole_prompt():
     kv.check()
 
 
-def test_full_block_is_indexed_once_per_hash():
+def test_equal_full_blocks_are_all_indexed_and_the_lowest_numbered_serves():
     kv = KVSpec(8, 2, prefix_caching=True)
     kv.add(1, [1, 2])
-    kv.add(2, [1, 2])             # no hit allowed (whole prompt), its full block not indexed again
-    assert len(kv.hash_to_block) == 1 and kv.block_table(1)[0] in kv.block_hash
-    kv.free(2)
-    assert kv.block_table(1)[0] in kv.block_hash and kv.num_evictable_blocks() == 0
+    kv.add(2, [1, 2])             # no hit allowed (whole prompt): a second holder of the same content
+    assert kv.cached_blocks() == {0: (1, 2), 1: (1, 2)}
+    kv.free(2)                    # a released holder keeps its content: evictable, not wiped
+    assert list(kv.evictable) == [1]
+    assert kv.add(3, [1, 2, 3]) == 2 and kv.block_table(3)[0] == 0
     kv.check()
 
 
-def test_hit_is_confirmed_by_content_not_hash(monkeypatch):
-    monkeypatch.setattr(kvspec_module, "prefix_hashes", lambda tokens, b, n: [0] * n)  # everything collides
-    kv = KVSpec(8, 2, prefix_caching=True)
-    kv.add(1, [1, 2, 3])
-    assert kv.add(2, [5, 6, 7]) == 0          # same hash, different tokens: a miss
-    assert kv.add(3, [1, 2, 9]) == 2          # same tokens: a hit
-    assert [s.token for s in kv.read(2)] == [5, 6, 7]
+def test_evicting_one_holder_leaves_an_equal_block_serving():
+    """Issue 13's vLLM program: when the indexed holder of a prefix is evicted, the equal block
+    filled later still serves it (completeness), so the third prompt gets 4 cached tokens, not 2."""
+    kv = KVSpec(3, 2, prefix_caching=True)
+    kv.add(1, [0] * 6)
+    kv.free(1)
+    kv.add(2, [0] * 3)
+    for _ in range(3):
+        kv.append(2, 0)
+    kv.free(2)
+    assert kv.add(3, [0] * 5) == 4
+    kv.check()
+
+
+def test_the_index_is_exact_where_python_hashes_collide():
+    """`t` and `t + 2**61 - 1` have one Python hash; keyed by content, both blocks are indexed and hit."""
+    kv = KVSpec(8, 1, prefix_caching=True)
+    colliding = 1 + 2 ** 61 - 1
+    assert hash((None, (1,))) == hash((None, (colliding,)))
+    kv.add(1, [1, 5])
+    kv.add(2, [colliding, 5])
+    assert kv.add(3, [colliding, 7]) == 1 and kv.block_table(3)[0] == kv.block_table(2)[0]
+    assert [s.token for s in kv.read(3)] == [colliding, 7]
+    kv.check()
 
 
 def test_swapped_in_blocks_are_not_shared():
