@@ -11,7 +11,7 @@ SCENARIOS = ("mixed", "parallel", "prefix", "preempt-recompute", "preempt-swap")
 MAX_NEW_TOKENS = 64
 
 
-@click.command()
+@click.command(short_help="A tiny transformer generating on the paged cache, checked against a dense model.")
 @click.option("--new-tokens", type=click.IntRange(1, MAX_NEW_TOKENS), default=6, show_default=True,
               help="Tokens each sequence generates.")
 @click.option("--only", multiple=True, type=click.Choice(SCENARIOS), help="Run only the named scenario (repeatable).")

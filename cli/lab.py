@@ -18,7 +18,7 @@ def parse_lengths(_ctx, _param, value: str) -> tuple:
     return lengths
 
 
-@click.command()
+@click.command(short_help="A worked example of PagedAttention bookkeeping, run on the spec.")
 @click.option("--block-size", type=click.IntRange(1, 65_536), default=16, show_default=True, help="Tokens per block.")
 @click.option("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)), show_default=True, callback=parse_lengths,
               help="Comma-separated sequence lengths.")

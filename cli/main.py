@@ -8,7 +8,8 @@ Shell completion (add the line to your shell's start-up file):
   fish: _PAGEDKV_COMPLETE=fish_source pagedkv | source"""
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=COMPLETION)
+# Help follows the terminal's width (click's default stops at 80 columns).
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 200}, epilog=COMPLETION)
 @click.version_option(package_name="pagedkv", prog_name="pagedkv", message="%(prog)s %(version)s")
 def main():
     """pagedkv: a formally checked reference for PagedAttention KV-cache management.
