@@ -106,7 +106,13 @@ def plot_preemptions(results: list, path) -> Path:
         ax.step(t["time"], np.cumsum(t["preempted"]), where="post", color=COLOURS[r.config.allocator],
                 label=run_label(r) + detail)
     ax.set(xlabel="simulated time (s)", ylabel="sequences preempted so far", title="Preemptions over time")
-    ax.set_ylim(bottom=0)
+    ax.yaxis.get_major_locator().set_params(integer=True)   # counts, not fractions
+    if not any(sum(r.timeline["preempted"]) for r in results):
+        ax.set_ylim(0, 1)
+        ax.text(0.5, 0.5, "no sequence was preempted in this run", transform=ax.transAxes, ha="center",
+                color="tab:gray")
+    else:
+        ax.set_ylim(bottom=0)
     ax.legend(loc="best", fontsize="small")
     return _save(fig, path)
 

@@ -230,3 +230,32 @@ def test_cli_needs_one_pool_size(tmp_path):
 def _len(mean):
     from pagedkv.impl.sim.trace import LengthDist
     return LengthDist("lognormal", mean, 0.5)
+
+
+# ------------------------------------------------------------------ plots
+
+def _figures(monkeypatch):
+    from pagedkv.impl.sim import report
+    figures = []
+    monkeypatch.setattr(report, "_save", lambda fig, path: figures.append(fig) or path)
+    return report, figures
+
+
+def _legend(ax) -> list:
+    return [text.get_text() for text in ax.get_legend().get_texts()]
+
+
+def test_plots_label_every_series_and_give_contiguous_no_block_size(monkeypatch, tmp_path):
+    report, figures = _figures(monkeypatch)
+    results = [sim.simulate(TWO, config(kind, prefix_caching=kind == "paged")) for kind in sim.ALLOCATORS]
+    sweep = [report.headline(sim.simulate(TWO, config("paged", block_size=b))) for b in (2, 4)]
+    report.write_outputs(tmp_path, results, sweep, "cost")
+    utilization, latency, concurrency, preemptions, swept = figures
+    assert [label.split(" (")[0] for label in _legend(utilization.axes[0])] == ["contiguous",
+                                                                               "paged, B=4 +prefix cache"]
+    assert all(len(_legend(ax)) == 2 for ax in latency.axes)               # TTFT and ITL, one CDF per run
+    assert len(_legend(concurrency.axes[0])) == 4                          # running and waiting, per run
+    assert "0 by recompute, 0 by swap" in _legend(preemptions.axes[0])[1]
+    left, right = swept.axes[:2]
+    assert len(_legend(left)) == 3
+    assert _legend(right) == ["mean tail waste (MiB)", "mean block-table length (blocks)"]   # both axes' series
