@@ -44,16 +44,22 @@ import fcntl
 import functools
 import io
 import logging
+import os
 from array import array
 from dataclasses import dataclass, field
 
 import torch
 
-from pagedkv.spec import DuplicateSequence, OutOfBlocks, UnknownSequence
-from pagedkv.spec.arguments import check_prompt, check_seq_id, check_token
+if not torch.cuda.is_available():
+    # SGLang's modules import Triton, and Triton fixes interpreter mode when it is first imported: a
+    # CPU process that loads this target before a kernel target must already be in interpreter mode.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from . import wheels
-from .wheels import Stub, placeholders
+from pagedkv.spec import DuplicateSequence, OutOfBlocks, UnknownSequence  # noqa: E402
+from pagedkv.spec.arguments import check_prompt, check_seq_id, check_token  # noqa: E402
+
+from . import wheels  # noqa: E402
+from .wheels import Stub, placeholders  # noqa: E402
 
 VERSION = "0.5.23"
 #: What the loaded modules import beyond torch, numpy and triton, pinned. None of them is GPU code.
