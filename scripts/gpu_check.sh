@@ -25,9 +25,10 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
 OUT="${OUT:-gpu_results/$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$OUT"
-T_TESTS="${T_TESTS:-170}" T_CHECK="${T_CHECK:-80}" T_CORPUS="${T_CORPUS:-30}" T_REPLAY="${T_REPLAY:-45}"
+T_GPU_TESTS="${T_GPU_TESTS:-100}" T_TESTS="${T_TESTS:-90}" T_CHECK="${T_CHECK:-70}" T_CORPUS="${T_CORPUS:-30}" T_REPLAY="${T_REPLAY:-45}"
 T_PLANTED="${T_PLANTED:-30}" T_DEMO="${T_DEMO:-30}" T_PROBES="${T_PROBES:-60}" T_GRAPH="${T_GRAPH:-25}"
-T_BENCH="${T_BENCH:-100}" BENCH_GRID="${BENCH_GRID:-full}"
+T_BENCH="${T_BENCH:-90}" BENCH_GRID="${BENCH_GRID:-full}"
+GPU_TESTS="${GPU_TESTS:-tests/kernels}"
 KERNEL_TESTS="${KERNEL_TESTS:-tests/kernels tests/fuzz/test_kernel_kit.py}"
 CPU_DRY_RUN="${CPU_DRY_RUN:-0}"
 SUMMARY="$OUT/summary.txt"
@@ -92,10 +93,17 @@ SAN="$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer
 PROBE_DTYPE=bfloat16; [ "$CPU_DRY_RUN" = 1 ] && PROBE_DTYPE=float32   # the interpreter has no bfloat16
 status=0
 
-# ---- 2. the kernel suite on CUDA: every dtype, the gpu-marked shapes, the kit ------------------------
-# shellcheck disable=SC2086  # KERNEL_TESTS is a list of paths
+# ---- 2. the kernel suite on CUDA: the gpu-marked shapes and bf16 first (never run before), then the rest
+# shellcheck disable=SC2086  # GPU_TESTS and KERNEL_TESTS are lists of paths
+if [ "$CPU_DRY_RUN" = 1 ]; then
+    echo "[gpu-tests] not run: CPU dry run (the gpu-marked tests need CUDA)" | tee -a "$SUMMARY"
+else
+    run gpu-tests "$T_GPU_TESTS" "$OUT/kernel_tests.txt" python -m pytest -v --tb=short -p no:cacheprovider -rfE \
+        -m gpu $GPU_TESTS || status=1
+fi
+# shellcheck disable=SC2086
 run tests "$T_TESTS" "$OUT/kernel_tests.txt" python -m pytest -v --tb=short -p no:cacheprovider -rfE \
-    $KERNEL_TESTS || status=1
+    -m "not gpu" $KERNEL_TESTS || status=1
 grep -E "^(FAILED|ERROR)|[0-9]+ (passed|failed)" "$OUT/kernel_tests.txt" | tail -n 25 >> "$SUMMARY"
 
 # ---- 3. kernels + kernel-state checks on CUDA -------------------------------------------------------
