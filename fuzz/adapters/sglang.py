@@ -51,8 +51,10 @@ from dataclasses import dataclass, field
 import torch
 
 if not torch.cuda.is_available():
-    # SGLang's modules import Triton, and Triton fixes interpreter mode when it is first imported: a
-    # CPU process that loads this target before a kernel target must already be in interpreter mode.
+    # SGLang's modules define @triton.jit functions when they load, and Triton decides at each
+    # definition whether it is interpreted: choose interpreter mode first, as pagedkv.kernels does (a
+    # pytest run that loaded this target before the kernel target failed every SGLang kernel case with
+    # "Cannot call @triton.jit'd outside of the scope of a kernel").
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from pagedkv.spec import DuplicateSequence, OutOfBlocks, UnknownSequence  # noqa: E402
