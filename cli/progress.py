@@ -36,10 +36,12 @@ class StepProgress:
 
     announce: on a non-terminal, print a line when each step begins (sequential steps such as the
     checks of `pagedkv check`); steps that all run at once (proof groups) print only when done.
-    verdicts: a finished step shows PASS or FAIL (checks) rather than just done (a file written)."""
+    verdicts: a finished step shows PASS or FAIL (checks) rather than just done (a file written).
+    plain: print the plain lines at all off a terminal (False for work that is quick as a rule)."""
 
-    def __init__(self, title: str, steps: dict, announce: bool = True, verdicts: bool = True, stream=None):
-        self.title, self.steps, self.announce, self.verdicts = title, steps, announce, verdicts
+    def __init__(self, title: str, steps: dict, announce: bool = True, verdicts: bool = True, plain: bool = True,
+                 stream=None):
+        self.title, self.steps, self.announce, self.verdicts, self.plain = title, steps, announce, verdicts, plain
         self.stream = stream or sys.stderr
         self.live = None
 
@@ -98,7 +100,8 @@ class StepProgress:
                        f"{format_duration(step.seconds)}")
 
     def _line(self, text: str) -> None:
-        print(f"{self.title}: {text}", file=self.stream, flush=True)
+        if self.plain:
+            print(f"{self.title}: {text}", file=self.stream, flush=True)
 
 
 def _durations_file() -> Path:

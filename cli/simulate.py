@@ -84,6 +84,7 @@ def simulate(trace_file, allocator, prefix_caching, block_size, pool_blocks, poo
     given = {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim, "dtype": dtype}
     shape = resolve_shape(model_config, **{key: defaults.get(key) if value is None else value
                                            for key, value in given.items()})
+    from pagedkv.cli.progress import Step, StepProgress
     from pagedkv.impl.sim import planner, report
     from pagedkv.impl.sim import simulator as sim
     from pagedkv.impl.sim.trace import TraceError, read_trace
@@ -111,11 +112,21 @@ def simulate(trace_file, allocator, prefix_caching, block_size, pool_blocks, poo
         requests = read_trace(trace_file)
     except TraceError as e:
         raise click.UsageError(str(e)) from e
-    try:
-        results = [sim.simulate(requests, c) for c in configs]
-        sweep_rows = [report.headline(sim.simulate(requests, c)) for c in sweep_configs]
-    except sim.SimulationStuck as e:
-        raise click.ClickException(f"the simulation stopped: {e}") from e
+    # The sweep's run at --block-size is the paged run itself: each distinct configuration runs once.
+    distinct = list(dict.fromkeys(configs + sweep_configs))
+    steps = {c: Step(f"{number}/{len(distinct)} " + ("contiguous" if c.allocator == "contiguous" else
+                                                      f"paged, B={c.block_size}"))
+             for number, c in enumerate(distinct, 1)}
+    done = {}
+    with StepProgress(f"simulate {len(requests):,} requests", steps, verdicts=False, plain=False) as progress:
+        for c in distinct:
+            progress.begin(c)
+            try:
+                done[c] = sim.simulate(requests, c)
+            except sim.SimulationStuck as e:
+                raise click.ClickException(f"the simulation stopped: {e}") from e
+            progress.advance(c)
+    results, sweep_rows = [done[c] for c in configs], [report.headline(done[c]) for c in sweep_configs]
 
     summaries = [r.summary() for r in results]
     if json_path:
