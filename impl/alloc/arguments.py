@@ -87,11 +87,13 @@ def check_token_counts(num_tokens, lengths: np.ndarray) -> np.ndarray:
     if isinstance(num_tokens, (list, tuple)):
         require(len(num_tokens) == len(lengths),
                 f"num_tokens has {len(num_tokens)} counts for {len(lengths)} sequences")
-        require(all(map(is_int, num_tokens)), f"num_tokens are ints, got {_short(num_tokens)}")
+        require(all(is_int(n) and 0 <= n <= MAX_TOKEN for n in num_tokens),
+                f"num_tokens are ints in 0..length, got {_short(num_tokens)}")
         counts = np.array([int.__index__(n) for n in num_tokens], dtype=np.int64) if num_tokens else \
             np.zeros(0, dtype=np.int64)
     else:
-        require(is_int(num_tokens), f"num_tokens is an int or a list of ints, got {num_tokens!r}")
+        require(is_int(num_tokens) and 0 <= num_tokens <= MAX_TOKEN,
+                f"num_tokens is an int in 0..length or a list of them, got {num_tokens!r}")
         counts = np.full(len(lengths), int.__index__(num_tokens), dtype=np.int64)
     require(bool(((counts >= 0) & (counts <= lengths)).all()), "num_tokens must be in 0..length")
     return counts

@@ -283,7 +283,7 @@ class BlockManager:
         rows = self._rows(seq_ids)
         self._require_running(rows)
         lens = self.rows.seq_len[rows]
-        if num_tokens == 1 and type(num_tokens) is int:   # decode: one position per sequence
+        if type(num_tokens) is int and num_tokens == 1:   # decode: one position per sequence
             seg_rows, positions = rows, lens - 1
         else:
             counts = check_token_counts(num_tokens, lens)

@@ -144,6 +144,8 @@ class Scheduler:
 
     def can_ever_fit(self, prompt_len: int, max_new_tokens: int) -> bool:
         """Whether one sample with this prompt and output fits the pool above the watermark alone."""
+        require(is_int(prompt_len) and prompt_len >= 0 and is_int(max_new_tokens) and max_new_tokens >= 0,
+                f"lengths are ints >= 0, got {prompt_len!r}, {max_new_tokens!r}")
         needed = blocks_needed(prompt_len + max_new_tokens, self.bm.block_size)
         return needed <= self.bm.num_blocks - self.watermark_blocks
 
