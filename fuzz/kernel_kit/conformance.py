@@ -6,7 +6,7 @@ applies pagedkv's FlashAttention-style tolerance (``pagedkv.kernels.testing.comp
 most RTOL_FACTOR x the naive computation's error + ATOL[dtype]) to the whole output. A failure
 names, for every sequence whose rows are wrong: its index, length, number of queries, the block ids
 it reads, the block size, the kernel's key-tile width (if it declares one), its max error and the
-query positions and heads where NaN/inf appeared.
+query positions and heads where NaN/inf appeared. A kernel that writes into any of its inputs fails.
 """
 
 from __future__ import annotations
@@ -84,16 +84,34 @@ def references(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     return ref, naive
 
 
+def _inputs(batch: Batch) -> dict:
+    return {"q": batch.q, "k_cache": batch.k_cache, "v_cache": batch.v_cache, "block_tables": batch.block_tables,
+            "seq_lens": batch.seq_lens, "query_start_loc": batch.query_start_loc}
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-for-bit equality, NaN included (a NaN-poisoned cache never equals itself under ==)."""
+    if a.is_floating_point():
+        as_int = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        return torch.equal(a.view(as_int), b.view(as_int))
+    return torch.equal(a, b)
+
+
 def run_batch(loaded: LoadedKernel, batch: Batch) -> Outcome:
-    """Run the kernel on the batch and judge its output (a crash or a wrong shape is a failure)."""
+    """Run the kernel on the batch and judge its output: a crash, a wrong shape or a write into any of
+    its inputs is a failure too (the reference is computed first, from untouched inputs)."""
+    ref, naive = references(batch)
+    before = {name: tensor.clone() for name, tensor in _inputs(batch).items()}
     try:
         out = call_kernel(loaded, batch)
     except Exception as error:  # the kernel under test crashed on a case it declared: a finding
         return Outcome("failed", f"{batch.kind} raised {type(error).__name__}: {error}")
+    written = [name for name, tensor in _inputs(batch).items() if not _same_bits(tensor, before[name])]
+    if written:
+        return Outcome("failed", f"{batch.kind} wrote into its input(s) {', '.join(written)}")
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(batch.q.shape):
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         return Outcome("failed", f"{batch.kind} returned {shape}, expected {tuple(batch.q.shape)}")
-    ref, naive = references(batch)
     return judge(out.detach().float().to(ref.device), ref, naive, batch, loaded.declared.tile_for(batch.q.shape[2]))
 
 

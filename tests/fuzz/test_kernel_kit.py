@@ -319,3 +319,24 @@ def test_a_failure_report_names_exactly_the_wrong_sequence(lengths, block_size, 
         assert f"NaN/inf at query positions [{lengths[row] - 1}], heads [1]" in outcome.rows[0]
     else:
         assert "max err 0.5 > bound" in outcome.rows[0]
+
+
+class Scribbler:
+    """Right answers, but it zeroes the first block of the K cache as it goes."""
+
+    def decode(self, q, k_cache, v_cache, block_tables, seq_lens, *, scale, sliding_window, softcap):
+        from pagedkv.kernels import reference_decode
+
+        out = reference_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=scale).to(q.dtype)
+        k_cache[int(block_tables[0, 0])].zero_()
+        return out
+
+
+def test_a_kernel_that_writes_into_its_inputs_fails():
+    from pagedkv.fuzz.kernel_kit.conformance import run_batch
+    from pagedkv.fuzz.kernel_kit.protocol import LoadedKernel, declaration_of
+
+    batch, _ = build_batch(slots_case("decode", block_size=4, heads=SMALL, lengths=[6, 9], seed=2), "cpu",
+                           torch.float32)
+    outcome = run_batch(LoadedKernel("scribbler", Scribbler(), declaration_of(Scribbler())), batch)
+    assert outcome.status == "failed" and outcome.detail == "decode wrote into its input(s) k_cache"
