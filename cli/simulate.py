@@ -81,7 +81,8 @@ def simulate(trace_file, allocator, prefix_caching, block_size, pool_blocks, poo
     if (pool_blocks is None) == (pool_gib is None):
         raise click.UsageError("give exactly one of --pool-blocks and --pool-gib")
     defaults = {} if model_config else DEFAULT_SHAPE
-    given = {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim, "dtype": dtype}
+    # auto is the model's own dtype: the config's, or the default shape's (bf16).
+    given = {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim, "dtype": None if dtype == "auto" else dtype}
     shape = resolve_shape(model_config, **{key: defaults.get(key) if value is None else value
                                            for key, value in given.items()})
     from pagedkv.cli.progress import Step, StepProgress

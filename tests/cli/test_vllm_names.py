@@ -161,3 +161,12 @@ def test_trace_synth_streams_to_stdout_with_progress_on_stderr():
     assert parse_trace(result.stdout.splitlines()) == synthesize(TraceConfig(7, seed=4))
     assert result.stderr.startswith("trace synth: 7 requests to -: done in ")
     assert result.stderr.endswith("wrote 7 requests to -\n")
+
+
+def test_kv_cache_dtype_auto_is_the_models_own(trace_file, tmp_path):
+    assert simulate_json(trace_file, "--pool-blocks", "64", "--kv-cache-dtype", "auto") == \
+        simulate_json(trace_file, "--pool-blocks", "64")            # the default shape's bf16
+    config, _ = MODELS["llama-2-7b"]                                 # float16
+    path = write_config(tmp_path, "l2", config)
+    assert simulate_json(trace_file, "--pool-blocks", "64", "--model-config", path, "--kv-cache-dtype", "auto") == \
+        simulate_json(trace_file, "--pool-blocks", "64", "--model-config", path, "--kv-cache-dtype", "fp16")
