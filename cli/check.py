@@ -83,7 +83,7 @@ def write_junit(path: str, profile: str, rows: list) -> None:
     ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
 
 
-def print_table(console, profile: str, rows: list, not_run: list) -> None:
+def print_table(console, profile: str, rows: list, not_run: list, interrupted: bool = False) -> None:
     from rich.table import Table
 
     table = Table(title=f"pagedkv check --profile {profile}")
@@ -92,8 +92,8 @@ def print_table(console, profile: str, rows: list, not_run: list) -> None:
     for row in rows:
         result = "[green]PASS[/green]" if row["passed"] else "[red]FAIL[/red]"
         table.add_row(row["check"], row["covered"], result, f"{row['seconds']:.1f}")
-    for name in not_run:
-        table.add_row(name, "-", "[yellow]not run[/yellow]", "-")
+    for number, name in enumerate(not_run):   # after Ctrl-C, the first of them was running
+        table.add_row(name, "-", "[yellow]interrupted[/yellow]" if number == 0 and interrupted else "not run", "-")
     console.print(table)
     for row in rows:
         if not row["passed"]:
@@ -138,7 +138,7 @@ def check(profile, only, json_path, junit_path, kernel):
         remember_seconds(f"check {profile}", steps)
     not_run = [name for name, _ in selected[len(rows):]]
     out = human_console(json_path)
-    print_table(out, profile, rows, not_run)
+    print_table(out, profile, rows, not_run, interrupted)
     passed = all(row["passed"] for row in rows) and not interrupted
     if interrupted:
         out.print(f"[yellow]interrupted[/yellow] after {format_duration(sum(r['seconds'] for r in rows))}: "

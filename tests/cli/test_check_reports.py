@@ -73,7 +73,8 @@ def test_ctrl_c_prints_the_finished_rows_and_exits_130(monkeypatch, tmp_path):
     report = tmp_path / "check.json"
     result = CliRunner().invoke(main, ["check", "--json", str(report)])
     assert result.exit_code == 130, result.output
-    assert "ran with ci" in result.output and "not run" in result.output and "interrupted" in result.output
+    assert "ran with ci" in result.output and "not run" in result.output and "interrupted after" in result.output
+    assert [line.split("│")[3].strip() for line in result.output.splitlines() if "│ second" in line] == ["interrupted"]
     data = json.loads(report.read_text())
     assert data["interrupted"] and not data["passed"]
     assert [row["check"] for row in data["checks"]] == ["first"] and data["not_run"] == ["second", "third"]
