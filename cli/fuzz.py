@@ -5,6 +5,16 @@ import traceback
 import click
 
 
+def block_sizes(ctx, param, value):
+    """`16,32` -> (16, 32); the ranges are checked with the other options (campaign.checked)."""
+    if value is None:
+        return None
+    try:
+        return tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a comma-separated list of integers (e.g. 16,32)")
+
+
 @click.command()
 @click.argument("target")
 @click.option("--profile", type=click.Choice(["ci", "dev", "deep"]), default="ci", show_default=True,
@@ -17,6 +27,11 @@ import click
               help="Seed of every draw, 0..2^64-1 (default: 0 under --profile ci, else a fresh one, printed).")
 @click.option("--call-timeout", type=float, default=10.0, show_default=True,
               help="Seconds one subject call may take before it is a `timeout` finding (up to 3600).")
+@click.option("--policy", type=click.Choice(["spec", "any"]),
+              help="spec: the subject must make the spec's own choices; any: any legal choice "
+                   "(default: spec for the targets spec and impl, any for every other target).")
+@click.option("--block-sizes", callback=block_sizes,
+              help="Comma-separated block sizes to draw from (e.g. 16,32), overriding what the subject declares.")
 @click.option("--db", default=".hypothesis/pagedkv", show_default=True,
               help="Example database: a directory, or a Redis URL shared by many machines "
                    "(redis://[:PASSWORD@]HOST:PORT/N, rediss:// for TLS, unix:///PATH?db=N).")

@@ -36,7 +36,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
 from .guard import DEFAULT_TIMEOUT, Deadline, GuardedFactory
-from .harness import ARG_NAMES, PATHS, machine_for, replay
+from .harness import ARG_NAMES, PATHS, POLICIES, ConfigSpaceError, check_config_space, machine_for, replay
 from .oracles import ORACLES, OracleFailure
 from .profiles import EFFORT, settings_for
 from .subjects import UsageError, resolve
@@ -53,6 +53,10 @@ LIMITS = {
     "seed": (0, 2**64 - 1, False),
     "call_timeout": (0, 3600, True),
 }
+MAX_BLOCK_SIZE = 1 << 16
+#: Targets judged by the spec's own choices unless --policy says otherwise; every other target is
+#: judged policy-free (`any`): a real engine makes its own legal choices.
+SPEC_POLICY_TARGETS = ("spec", "impl")
 
 
 @dataclass
@@ -68,6 +72,8 @@ class Options:
     junit_path: str = None
     seed: int = None             # None: 0 under ci, a fresh random seed otherwise
     call_timeout: float = DEFAULT_TIMEOUT
+    policy: str = None           # "spec" or "any"; None: spec for SPEC_POLICY_TARGETS, any otherwise
+    block_sizes: tuple = None    # overrides the block sizes the subject declares (or the kit's 1..16)
 
 
 @dataclass
@@ -79,6 +85,7 @@ class Result:
     tally: dict
     database: str                # as shown: a Redis password is masked
     seed: int
+    policy: str
     database_note: str = ""
     failure: dict = None         # oracle, message, found_in, worker, config, program, trace, state
     regression: str = None
@@ -102,9 +109,20 @@ def checked(options: Options) -> Options:
             option = "--" + name.replace("_", "-")
             raise UsageError(f"{option} must be {'an integer' if integral else 'a number'} in "
                              f"{'(' if low_open else '['}{low}, {high}], got {value!r}")
-    if options.seed is None:
-        return replace(options, seed=0 if options.profile == "ci" else secrets.randbelow(2**32))
-    return options
+    if options.policy is not None and options.policy not in POLICIES:
+        raise UsageError(f"--policy must be one of {', '.join(POLICIES)}, got {options.policy!r}")
+    sizes = options.block_sizes
+    if sizes is not None and (not sizes or not all(type(b) is int and 1 <= b <= MAX_BLOCK_SIZE for b in sizes)):
+        raise UsageError(f"--block-sizes must be integers in [1, {MAX_BLOCK_SIZE}], got {sizes!r}")
+    return replace(options, seed=(0 if options.profile == "ci" else secrets.randbelow(2**32))
+                   if options.seed is None else options.seed,
+                   policy=options.policy or ("spec" if options.target in SPEC_POLICY_TARGETS else "any"),
+                   block_sizes=tuple(sorted(set(sizes))) if sizes else None)
+
+
+def config_space(subject, block_sizes=None) -> dict:
+    """What the kit draws configurations from: the subject's declaration, `block_sizes` overriding."""
+    return {**(subject.config_space or {}), **({"block_sizes": block_sizes} if block_sizes else {})}
 
 
 def run_seed(seed: int, worker: int, run: int) -> int:
@@ -233,11 +251,14 @@ def _failure(error: OracleFailure) -> dict:
     return {"oracle": error.oracle, "message": error.message, **error.report}
 
 
-def run_once(subject, settings, tally: Counter, seed: int = None, call_timeout: float = DEFAULT_TIMEOUT) -> dict:
-    """One Hypothesis run of the harness, every subject call guarded (fuzz/guard.py); the (shrunk)
-    counterexample as a dict, or None. `seed` fixes what the run draws."""
+def run_once(subject, settings, tally: Counter, seed: int = None, call_timeout: float = DEFAULT_TIMEOUT,
+             policy: str = "spec", space: dict = None) -> dict:
+    """One Hypothesis run of the harness under `policy`, drawing from `space` (default: what the
+    subject declares), every subject call guarded (fuzz/guard.py); the (shrunk) counterexample as a
+    dict, or None. `seed` fixes what the run draws."""
     deadline = Deadline(call_timeout)
-    machine = machine_for(GuardedFactory(subject.factory, deadline), subject.capabilities, tally, subject.target)
+    machine = machine_for(GuardedFactory(subject.factory, deadline), subject.capabilities, tally, subject.target,
+                          policy=policy, config_space=config_space(subject) if space is None else space)
     if seed is not None:
         machine = hypothesis_seed(seed)(machine)
     try:
@@ -253,22 +274,24 @@ def run_once(subject, settings, tally: Counter, seed: int = None, call_timeout: 
     return None
 
 
-def replay_guarded(subject, config: dict, program: list, call_timeout: float = DEFAULT_TIMEOUT) -> None:
+def replay_guarded(subject, config: dict, program: list, call_timeout: float = DEFAULT_TIMEOUT,
+                   policy: str = "spec") -> None:
     """`harness.replay` with every subject call guarded, as in a campaign; raises OracleFailure."""
     deadline = Deadline(call_timeout)
     with deadline:
-        replay(GuardedFactory(subject.factory, deadline), config, program)
+        replay(GuardedFactory(subject.factory, deadline), config, program, policy=policy,
+               capabilities=subject.capabilities)
 
 
-def _replayed(subject, config: dict, program: list, call_timeout: float) -> dict:
+def _replayed(subject, config: dict, program: list, call_timeout: float, policy: str) -> dict:
     try:
-        replay_guarded(subject, config, program, call_timeout)
+        replay_guarded(subject, config, program, call_timeout, policy)
     except OracleFailure as failure:
         return _failure(failure)
     return None
 
 
-def drop_needless_steps(subject, failure: dict, call_timeout: float = DEFAULT_TIMEOUT) -> dict:
+def drop_needless_steps(subject, failure: dict, call_timeout: float = DEFAULT_TIMEOUT, policy: str = "spec") -> dict:
     """`failure` with every step deleted whose deletion still fires the same oracle.
 
     Hypothesis shrinks rule by rule, so steps that change nothing (an append to an unknown id, a
@@ -279,7 +302,7 @@ def drop_needless_steps(subject, failure: dict, call_timeout: float = DEFAULT_TI
     oracle = failure["oracle"]
     if oracle not in ORACLES or oracle == "timeout" or not failure["program"]:
         return failure
-    best = _replayed(subject, failure["config"], failure["program"], call_timeout)
+    best = _replayed(subject, failure["config"], failure["program"], call_timeout, policy)
     if best is None or best["oracle"] != oracle:
         return failure
     shortened = True
@@ -287,7 +310,7 @@ def drop_needless_steps(subject, failure: dict, call_timeout: float = DEFAULT_TI
         shortened, i = False, len(best["program"]) - 1
         while i >= 0:
             program = best["program"][:i] + best["program"][i + 1:]
-            found = _replayed(subject, failure["config"], program, call_timeout)
+            found = _replayed(subject, failure["config"], program, call_timeout, policy)
             # the replay's program can outgrow the candidate: the closing frees of `finish` join it
             if found is not None and found["oracle"] == oracle and len(found["program"]) < len(best["program"]):
                 best, shortened = found, True
@@ -295,23 +318,24 @@ def drop_needless_steps(subject, failure: dict, call_timeout: float = DEFAULT_TI
     return {**failure, **best}
 
 
-def check(subject, profile: str, **overrides) -> tuple:
-    """(tally, failure or None) of one derandomized run under `profile`: the CI form of the check."""
+def check(subject, profile: str, policy: str = "spec", **overrides) -> tuple:
+    """(tally, failure or None) of one derandomized run under `profile` and `policy`: the CI form of the check."""
     tally = Counter()
-    return tally, run_once(subject, harness_settings(profile, **overrides), tally)
+    return tally, run_once(subject, harness_settings(profile, **overrides), tally, policy=policy)
 
 
 def fuzz_worker(options: Options, tally: Counter, stop, worker: int = 0) -> tuple:
     """Replay the database, then generate until the budget is spent. Returns (failure, db note)."""
-    subject = resolve(options.target)
+    subject = resolve(options.target, options.block_sizes)
     database, _, note = open_database(options.db)
     base = {"database": database, "derandomize": False}
-    run = 0
+    space, run = config_space(subject, options.block_sizes), 0
 
     def once(settings):
         nonlocal run
         run += 1
-        return run_once(subject, settings, tally, run_seed(options.seed, worker, run), options.call_timeout)
+        return run_once(subject, settings, tally, run_seed(options.seed, worker, run), options.call_timeout,
+                        options.policy, space)
 
     failure = once(harness_settings(options.profile, REPLAY, **base))
     found_in = "replay"
@@ -325,7 +349,7 @@ def fuzz_worker(options: Options, tally: Counter, stop, worker: int = 0) -> tupl
         found_in, budget = "generate", budget - size
         tally["runs"] += 1
     if failure:
-        failure = drop_needless_steps(subject, failure, options.call_timeout)
+        failure = drop_needless_steps(subject, failure, options.call_timeout, options.policy)
         failure.update(found_in=found_in, worker=worker)
         stop.set()
     return failure, note
@@ -356,16 +380,21 @@ def run_campaign(options: Options, out=None) -> Result:
     option out of range or a database that cannot be used."""
     out = out or sys.stdout
     options = checked(options)
-    subject = resolve(options.target)  # usage errors surface here, before any worker starts
+    subject = resolve(options.target, options.block_sizes)  # usage errors surface here, before any worker starts
+    try:
+        check_config_space(config_space(subject, options.block_sizes), subject.capabilities)
+    except ConfigSpaceError as error:
+        raise UsageError(f"target {options.target!r}: {error}") from error
     _, label, note = open_database(options.db)
     started = time.monotonic()
     display = Display(options, out, started)
     failure, worker_note, tally = (_run_here if options.workers == 1 else _run_in_processes)(options, display)
     result = Result(options.target, options.profile, failure is None, round(time.monotonic() - started, 2),
                     {key: tally.get(key, 0) for key in ("examples", "steps", "runs", *PATHS)},
-                    label, options.seed, note or worker_note, failure)
+                    label, options.seed, options.policy, note or worker_note, failure)
     if failure and options.save_regression:
-        result.regression = write_regression(options.save_regression, subject, failure, options.call_timeout)
+        result.regression = write_regression(options.save_regression, subject, failure, options.call_timeout,
+                                             options.policy, options.block_sizes)
     report(result, out)
     if options.json_path:
         with open(options.json_path, "w") as handle:
@@ -500,7 +529,7 @@ def report(result: Result, out) -> None:
         print(f"note: {result.database_note}", file=out)
     tally = result.tally
     print(f"{result.target}: {tally['examples']} examples, {tally['steps']} steps in {result.seconds:.1f}s "
-          f"(seed {result.seed}); paths " + ", ".join(f"{p}={tally[p]}" for p in PATHS), file=out)
+          f"(seed {result.seed}, policy {result.policy}); paths " + ", ".join(f"{p}={tally[p]}" for p in PATHS), file=out)
     if result.passed:
         print(f"PASS: no oracle fired ({', '.join(ORACLES)})", file=out)
         return
@@ -538,17 +567,20 @@ def test_regression():
     replay_regression(Path(__file__).with_suffix(".json"))
 '''
 REGRESSION_KEYS = {"format": int, "target": str, "search_path": str, "oracle": str, "message": str,
-                   "config": dict, "program": list, "trace": list, "call_timeout": (int, float)}
+                   "config": dict, "program": list, "trace": list, "call_timeout": (int, float), "policy": str,
+                   "block_sizes": (list, type(None))}
 
 
-def write_regression(directory: str, subject, failure: dict, call_timeout: float = DEFAULT_TIMEOUT) -> str:
+def write_regression(directory: str, subject, failure: dict, call_timeout: float = DEFAULT_TIMEOUT,
+                     policy: str = "spec", block_sizes: tuple = None) -> str:
     """A pytest file replaying the counterexample against the same target, and its JSON data."""
     os.makedirs(directory, exist_ok=True)
     digest = hashlib.sha1(json.dumps(failure["program"]).encode()).hexdigest()[:8]
     name = re.sub(r"\W+", "_", f"{subject.target}_{failure['oracle']}_{digest}", flags=re.ASCII).strip("_").lower()
     data = {"format": REGRESSION_FORMAT, "target": subject.target, "search_path": subject.search_path,
             "oracle": failure["oracle"], "message": failure["message"], "config": failure["config"],
-            "program": failure["program"], "trace": program_lines(failure), "call_timeout": call_timeout}
+            "program": failure["program"], "trace": program_lines(failure), "call_timeout": call_timeout,
+            "policy": policy, "block_sizes": list(block_sizes) if block_sizes else None}
     stem = os.path.join(directory, f"test_regression_{name}")
     with open(stem + ".json", "w", encoding="utf-8") as handle:
         json.dump(data, handle, indent=1)
@@ -576,7 +608,8 @@ def replay_regression(path) -> None:
     data = load_regression(path)
     if data["search_path"] and data["search_path"] not in sys.path:
         sys.path.append(data["search_path"])  # where the adapter was found; shadows nothing installed
-    replay_guarded(resolve(data["target"]), data["config"], data["program"], data["call_timeout"])
+    replay_guarded(resolve(data["target"], data["block_sizes"]), data["config"], data["program"],
+                   data["call_timeout"], data["policy"])
 
 
 # ---------------------------------------------------------------------- pagedkv check

@@ -20,7 +20,8 @@ import sys
 from dataclasses import dataclass
 
 from .guard import Deadline, SubjectFault
-from .harness import CAPABILITIES, DEFAULT_CAPABILITIES, PROTOCOL, SWAP_PROTOCOL
+from .harness import (CAPABILITIES, DEFAULT_CAPABILITIES, PROTOCOL, SWAP_PROTOCOL, ConfigSpaceError,
+                      declared_config_space, probe_config)
 
 NAMED = {
     "spec": "pagedkv.spec.kvspec:KVSpec",
@@ -33,7 +34,6 @@ NAMED = {
 #: pagedkv's wheel cache and its modules loaded before the probe's call deadline starts (a first
 #: download takes minutes), or raises ValueError.
 RELEASED = {"vllm": "pagedkv.fuzz.adapters.vllm_v0:release"}
-PROBE = {"num_blocks": 2, "block_size": 2, "prefix_caching": False, "num_cpu_blocks": 0}
 
 
 class UsageError(Exception):
@@ -46,13 +46,16 @@ class Subject:
     factory: object
     capabilities: frozenset
     search_path: str = ""   # directory to put on sys.path so the module imports elsewhere too
+    config_space: dict = None  # what the factory (or its subject) declares it can be built with; None: anything
 
 
-def resolve(target: str) -> Subject:
-    """The subject factory named by `target`, probed once. Raises UsageError with the reason."""
+def resolve(target: str, block_sizes: tuple = None) -> Subject:
+    """The subject factory named by `target`, probed once (at the smallest configuration it declares,
+    or at the smallest of `block_sizes` when given: an override of what the kit may draw). Raises
+    UsageError with the reason."""
     name, at, release = target.partition("@")
     if name in RELEASED and (at or target == name):  # plain `vllm`: the pinned release
-        return _released(target, name, release or None)
+        return _released(target, name, release or None, block_sizes)
     spec = NAMED.get(target, target)
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
@@ -66,9 +69,9 @@ def resolve(target: str) -> Subject:
             raise UsageError(f"target {target!r}: module {module_name!r} has no attribute {attr!r}")
     if not callable(factory):
         raise UsageError(f"target {target!r}: {attr!r} is a {type(factory).__name__}, not a callable factory")
-    capabilities = _probe(target, factory)
+    capabilities, space = _probe(target, factory, block_sizes)
     where = os.path.dirname(os.path.abspath(getattr(module, "__file__", "") or ""))
-    return Subject(target, factory, capabilities, "" if target in NAMED else where)
+    return Subject(target, factory, capabilities, "" if target in NAMED else where, space)
 
 
 def _refuse_file_path(target: str, module_name: str, attr: str) -> None:
@@ -80,13 +83,14 @@ def _refuse_file_path(target: str, module_name: str, attr: str) -> None:
                          f"{folder} (or with that folder on PYTHONPATH)")
 
 
-def _released(target: str, name: str, release: str) -> Subject:
+def _released(target: str, name: str, release: str, block_sizes: tuple = None) -> Subject:
     module_name, _, attr = RELEASED[name].partition(":")
     try:
         factory = getattr(importlib.import_module(module_name), attr)(release)
     except Exception as error:  # an unknown release, a failed wheel download: say which and why
         raise UsageError(f"target {target!r}: {type(error).__name__}: {error}") from error
-    return Subject(target, factory, _probe(target, factory))
+    capabilities, space = _probe(target, factory, block_sizes)
+    return Subject(target, factory, capabilities, config_space=space)
 
 
 def _import(target: str, module_name: str):
@@ -95,16 +99,22 @@ def _import(target: str, module_name: str):
     try:
         return importlib.import_module(module_name)
     except Exception as error:  # any import failure is the user's to fix: say which and why
-        hint = " (the production allocator has not landed yet)" if target == "impl" else ""
-        raise UsageError(f"target {target!r}: cannot import {module_name!r}{hint}: "
+        raise UsageError(f"target {target!r}: cannot import {module_name!r}: "
                          f"{type(error).__name__}: {error}") from error
 
 
-def _probe(target: str, factory) -> frozenset:
-    call = f"factory({', '.join(f'{k}={v!r}' for k, v in PROBE.items())})"
+def _probe(target: str, factory, block_sizes: tuple = None) -> tuple:
+    """(capabilities, config_space) of one probe subject, built with the smallest configuration the
+    factory declares it supports (`block_sizes` overriding)."""
+    try:
+        override = {"block_sizes": tuple(block_sizes)} if block_sizes else {}
+        probe = probe_config({**declared_config_space(factory), **override})
+    except ConfigSpaceError as error:
+        raise UsageError(f"target {target!r}: {error}") from error
+    call = f"factory({', '.join(f'{k}={v!r}' for k, v in probe.items())})"
     try:
         with Deadline() as deadline:
-            subject = deadline.call("factory", lambda: factory(**PROBE))
+            subject = deadline.call("factory", lambda: factory(**probe))
     except SubjectFault as fault:  # a hang or a sys.exit while probing
         raise UsageError(f"target {target!r}: {call}: {fault}") from fault
     except Exception as error:
@@ -117,4 +127,7 @@ def _probe(target: str, factory) -> frozenset:
     missing = [name for name in needed if not callable(getattr(subject, name, None))]
     if missing:
         raise UsageError(f"target {target!r}: the subject lacks protocol method(s) {', '.join(missing)}")
-    return capabilities
+    try:
+        return capabilities, declared_config_space(factory, subject) or None
+    except ConfigSpaceError as error:
+        raise UsageError(f"target {target!r}: {error}") from error

@@ -40,7 +40,7 @@ def invoke(*args):
 def test_spec_passes_with_exit_0(tmp_path):
     run = fuzz(tmp_path, "spec", "--max-examples", "20", "--db", "db")
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "PASS" in run.stdout and "(seed 0)" in run.stdout
+    assert "PASS" in run.stdout and "(seed 0, policy spec)" in run.stdout
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +168,75 @@ def test_a_seed_fixes_a_campaign_and_different_seeds_draw_differently(tmp_path):
     other = campaign(tmp_path, target="spec", profile="dev", max_examples=15, seed=drawn["seed"] + 1)
     assert again["tally"] == drawn["tally"]
     assert other["tally"] != drawn["tally"]
+
+
+# ---------------------------------------------------------------------- policies and block sizes
+
+SUBJECTS = '''
+import bug_zoo
+
+class Forgetful(bug_zoo.Reference):
+    """Legal for a cache that does not claim completeness: a released block leaves the index at once,
+    so no hit ever crosses requests (the spec keeps it and serves it)."""
+    capabilities = frozenset({"fork", "prefix_caching"})
+    def _drop(self, block):
+        if self.refs[block] == 1 and block in self.block_hash:
+            self._unregister(block)
+        super()._drop(block)
+
+class Sixteens(bug_zoo.Reference):
+    """Supports block sizes that are multiples of 16 only, and does not say so; records what it was built with."""
+    built = set()
+    def __init__(self, num_blocks, block_size, **options):
+        if block_size % 16:
+            raise ValueError(f"block size {block_size} is not a multiple of 16")
+        self.built.add(block_size)
+        super().__init__(num_blocks, block_size, **options)
+'''
+
+
+@pytest.fixture
+def subjects(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "policy_subjects.py").write_text(SUBJECTS)
+    yield tmp_path
+    sys.modules.pop("policy_subjects", None)
+
+
+def test_policy_defaults_to_spec_for_our_targets_and_any_for_others(subjects):
+    assert checked(Options("spec")).policy == checked(Options("impl")).policy == "spec"
+    assert checked(Options("policy_subjects:Forgetful")).policy == "any"
+    assert checked(Options("impl", policy="any")).policy == "any"
+    run = invoke("spec", "--policy", "sometimes")
+    assert run.exit_code == 2 and "'sometimes' is not one of 'spec', 'any'" in run.output
+
+
+def test_a_legal_choice_the_spec_does_not_make_fails_only_under_policy_spec(subjects):
+    passed = campaign(subjects, target="policy_subjects:Forgetful", max_examples=40)
+    assert passed["passed"] and passed["policy"] == "any", passed["failure"]
+    failed = campaign(subjects, target="policy_subjects:Forgetful", policy="spec", save_regression="regressions")
+    assert not failed["passed"] and failed["policy"] == "spec"
+    assert failed["failure"]["oracle"] in ("cache_hit", "oom_exact")
+    data = subjects / failed["regression"].replace(".py", ".json")
+    with pytest.raises(OracleFailure):
+        replay_regression(data)                       # the regression replays under the policy it was found in
+    data.write_text(json.dumps({**json.loads(data.read_text()), "policy": "any"}))
+    replay_regression(data)
+
+
+def test_block_sizes_override_what_is_drawn(subjects):
+    refused = invoke("policy_subjects:Sixteens", "--max-examples", "5")
+    assert refused.exit_code == 2 and "block size 2 is not a multiple of 16" in refused.output
+    result = campaign(subjects, target="policy_subjects:Sixteens", block_sizes=(32, 16, 16), max_examples=20)
+    assert result["passed"], result["failure"]
+    assert sys.modules["policy_subjects"].Sixteens.built == {16, 32}
+    for sizes, says in ((("16",), "must be integers"), ((0, 16), r"must be integers in \[1, 65536\]"),
+                        ((), "must be integers")):
+        with pytest.raises(UsageError, match=says):
+            checked(Options("spec", block_sizes=sizes))
+    run = invoke("spec", "--block-sizes", "16,x")
+    assert run.exit_code == 2 and "not a comma-separated list of integers" in run.output
 
 
 # ---------------------------------------------------------------------- shrinking and findings

@@ -84,7 +84,8 @@ def test_pytest_collects_and_runs_a_hostile_regression_without_running_its_text(
 @pytest.mark.parametrize("broken, says", [
     ("[]", "a JSON object expected"), ('{"format": 1}', "'target' missing"),
     (json.dumps({"format": 9, "target": "spec", "search_path": "", "oracle": "crash", "message": "", "config": {},
-                 "program": [], "trace": [], "call_timeout": 1}), "regression format 9")])
+                 "program": [], "trace": [], "call_timeout": 1, "policy": "spec", "block_sizes": None}),
+     "regression format 9")])
 def test_a_malformed_regression_file_says_what_is_wrong(tmp_path, broken, says):
     (tmp_path / "r.json").write_text(broken)
     with pytest.raises(ValueError, match=says):
