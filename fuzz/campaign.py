@@ -36,7 +36,8 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from hypothesis.stateful import run_state_machine_as_test
 
 from .guard import DEFAULT_TIMEOUT, Deadline, GuardedFactory
-from .harness import ARG_NAMES, PATHS, POLICIES, ConfigSpaceError, check_config_space, machine_for, replay
+from .harness import (ARG_NAMES, PATHS, POLICIES, ConfigSpaceError, check_config_space, declared_config_space,
+                      machine_for, replay)
 from .oracles import ORACLES, OracleFailure
 from .profiles import EFFORT, settings_for
 from .subjects import UsageError, resolve
@@ -121,8 +122,10 @@ def checked(options: Options) -> Options:
 
 
 def config_space(subject, block_sizes=None) -> dict:
-    """What the kit draws configurations from: the subject's declaration, `block_sizes` overriding."""
-    return {**(subject.config_space or {}), **({"block_sizes": block_sizes} if block_sizes else {})}
+    """What the kit draws configurations from: the subject's declaration (for a `Subject` built by
+    hand, not by `resolve`, its factory's), `block_sizes` overriding."""
+    declared = declared_config_space(subject.factory) if subject.config_space is None else subject.config_space
+    return {**declared, **({"block_sizes": block_sizes} if block_sizes else {})}
 
 
 def run_seed(seed: int, worker: int, run: int) -> int:

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import bug_zoo
 from pagedkv.cli.fuzz import fuzz as fuzz_command
-from pagedkv.fuzz.campaign import (REGRESSION_TEST, Options, RegularFilesDatabase, UsageError, checked,
+from pagedkv.fuzz.campaign import (REGRESSION_TEST, Options, RegularFilesDatabase, UsageError, check, checked,
                                    drop_needless_steps, open_database, replay_guarded, replay_regression, run_campaign)
 from pagedkv.fuzz.oracles import OracleFailure
 from pagedkv.fuzz.subjects import Subject, resolve
@@ -192,6 +192,9 @@ class Sixteens(bug_zoo.Reference):
             raise ValueError(f"block size {block_size} is not a multiple of 16")
         self.built.add(block_size)
         super().__init__(num_blocks, block_size, **options)
+
+class DeclaredSixteens(Sixteens):
+    config_space = {"block_sizes": (16, 48)}
 '''
 
 
@@ -235,6 +238,9 @@ def test_block_sizes_override_what_is_drawn(subjects):
                         ((), "must be integers")):
         with pytest.raises(UsageError, match=says):
             checked(Options("spec", block_sizes=sizes))
+    declared = sys.modules["policy_subjects"].DeclaredSixteens    # a Subject built by hand, not by resolve
+    _, failure = check(Subject("declared", declared, declared.capabilities), "ci", "any", max_examples=10)
+    assert failure is None, failure
     run = invoke("spec", "--block-sizes", "16,x")
     assert run.exit_code == 2 and "not a comma-separated list of integers" in run.output
 
