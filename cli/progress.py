@@ -120,6 +120,8 @@ def expected_seconds(kind: str, shipped: dict) -> dict:
 def remember_seconds(kind: str, steps: dict) -> None:
     """Keep the durations of the steps that finished, for the next run's expectations."""
     finished = {key: round(step.seconds, 1) for key, step in steps.items() if step.done >= step.total > 0}
+    if not finished:
+        return
     path = _durations_file()
     try:
         data = json.loads(path.read_text()) if path.exists() else {}
