@@ -70,10 +70,11 @@ class KVSpec:
         require(is_int(block_size) and block_size >= 1, f"block_size must be >= 1, got {block_size!r}")
         require(is_int(num_cpu_blocks) and num_cpu_blocks >= 0,
                  f"num_cpu_blocks must be >= 0, got {num_cpu_blocks!r}")
+        require(isinstance(prefix_caching, bool), f"prefix_caching must be True or False, got {prefix_caching!r}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.num_cpu_blocks = num_cpu_blocks
-        self.prefix_caching = bool(prefix_caching)
+        self.prefix_caching = prefix_caching
         self.seqs: dict = {}
         self.ref_count = [0] * num_blocks
         self.slots = [self._empty_block() for _ in range(num_blocks)]

@@ -218,6 +218,14 @@ def test_manager_construction_refuses(kwargs):
         BlockManager(**{"num_blocks": 4, "block_size": 2, **kwargs})
 
 
+@pytest.mark.parametrize("value", ["no", 1, None, np.bool_(True)])
+def test_spec_and_manager_refuse_a_non_bool_prefix_caching(value):
+    """`prefix_caching="no"` used to switch caching on (a truthy string), in both."""
+    for subject in (KVSpec, BlockManager):
+        with pytest.raises(InvalidArgument, match="prefix_caching"):
+            subject(4, 2, prefix_caching=value)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_cuda_without_cuda_is_a_typed_error():
     with pytest.raises(InvalidArgument, match="CUDA is not available"):
