@@ -86,7 +86,7 @@ class DifferentialMachine(TalliedMachine):
     def both(self, operation, *args):
         """Apply one operation to both; errors must agree and leave the manager untouched."""
         self.tally["steps"] += 1
-        evictions = self.impl.pool.evictions
+        evictions = self.impl.num_evictions()
         before = self.observables()
         outcomes = []
         for subject in (self.spec, self.impl):
@@ -105,7 +105,7 @@ class DifferentialMachine(TalliedMachine):
         if spec_error is not None:
             assert self.observables() == before, f"failed {operation}{args} changed the manager"
             self.note(f"error {type(spec_error).__name__}")
-        if self.impl.pool.evictions > evictions:
+        if self.impl.num_evictions() > evictions:
             self.note(EVICTION)
         return spec_error is None, spec_result, impl_result
 

@@ -108,10 +108,10 @@ class PagedCache:
 
 
 def free_blocks(bm) -> tuple[list, list]:
-    """GPU blocks back in the never-cached free queue (evictable ones keep their content for cache
-    hits) and free CPU blocks. BlockManager has no public query for the first: its pool is read."""
+    """Free GPU blocks that hold no cached content (evictable ones keep their KV for cache hits)
+    and free CPU blocks."""
     held_cpu = {b for s in bm.seq_ids() for b in bm.cpu_block_table(s)}
-    return list(bm.pool.free_queue), [b for b in range(bm.num_cpu_blocks) if b not in held_cpu]
+    return bm.uncached_free_blocks(), [b for b in range(bm.num_cpu_blocks) if b not in held_cpu]
 
 
 class KernelMachine(RuleBasedStateMachine):
