@@ -24,10 +24,11 @@ the hit blocks before its free-block check, so a refused allocation leaks them (
 The v0 block manager v2 releases (0.4.2 .. 0.5.5) are not adapted yet: `release` says so.
 """
 
+import copy
 import functools
 import importlib
 
-from pagedkv.spec import DuplicateSequence, OutOfBlocks, UnknownSequence
+from pagedkv.spec import DuplicateSequence, InvalidState, OutOfBlocks, UnknownSequence
 
 from . import vllm_v1, wheels
 from .wheels import Stub, placeholders
@@ -48,7 +49,7 @@ def _unspecified_platform(module) -> None:
 def _input_records(module) -> None:
     """The prompt records of vllm/inputs/data.py (real), re-exported as the package does."""
     data = importlib.import_module("vllm.inputs.data")
-    for name in ("DecoderOnlyInputs", "SingletonInputs", "SingletonInputsAdapter", "token_inputs"):
+    for name in (name for name in vars(data) if not name.startswith("_")):
         setattr(module, name, getattr(data, name))
 
 
@@ -76,16 +77,26 @@ STUBS_V1 = {
     "vllm.model_executor.models.utils": Stub("model code (transformers); 0.7.0's vllm.v1.utils names "
                                              "extract_layer_index, for binding KV caches to layers",
                                              any_name=True),
+    "vllm._custom_ops": Stub("the compiled CUDA kernels (vllm._C); block management calls none", any_name=True),
+    "vllm.spec_decode.metrics": Stub("speculative-decoding metrics (0.5.5's sequence names their type; "
+                                     "importing them pulls the model executor, circularly)", any_name=True),
     "vllm.config": Stub("0.7.0's engine config module imports transformers; kv_cache_utils names "
                         "VllmConfig only to size a cache from a full engine config", _config_names),
 }
 
 
+def stubs_for(root, stubs: dict) -> dict:
+    """The stub table for one release: a hollow stub only where that name is a package in it (in
+    0.4.3 and 0.5.0.post1 `vllm.inputs` is a small module of prompt records, loaded as it is)."""
+    return {name: stub for name, stub in stubs.items()
+            if not stub.hollow or (root / name.replace(".", "/")).is_dir()}
+
+
 @functools.cache
-def _engine(version: str):
+def _engine(version: str, modules: tuple = MODULES):
     root = wheels.install("vllm", version, keep=wheels.python_sources)
     roots = [root] + [wheels.install(name, pinned) for name, pinned in DEPENDENCIES]
-    return wheels.load(roots, PACKAGES, MODULES, STUBS_V1)
+    return wheels.load(roots, PACKAGES, modules, stubs_for(root, STUBS_V1))
 
 
 class HistoricalV1Subject:
@@ -170,6 +181,169 @@ class HistoricalV1Subject:
         return self.requests[seq_id]
 
 
+V0_RELEASES = ("0.4.2", "0.4.3", "0.5.0.post1", "0.5.4", "0.5.5")
+V0_MODULES = ("vllm.core.block_manager_v2", "vllm.core.interfaces", "vllm.sequence", "vllm.sampling_params",
+              "vllm.utils")
+SWAP_FROM = "0.5.0.post1"  # BMv2 swaps from this release on (earlier: can_swap_out() is False)
+
+
+class BlockManagerV2Subject:
+    """vLLM v0's block manager v2 (vllm/core/block_manager_v2.py), driven as v0's scheduler drives it.
+
+    Each protocol sequence is one `Sequence` in its own `SequenceGroup` (a fork's child gets a group
+    of its own: the block manager keys everything by sequence id, groups only batch its checks).
+    - add: `can_allocate(group)` (OK, else `OutOfBlocks`: LATER and NEVER both leave the request
+      waiting), `allocate(group)`, the sequence RUNNING, the cached count as the model runner
+      derives it (`len(get_common_computed_block_ids([seq])) * block_size`), then
+      `mark_blocks_as_computed(group)` and the prefill counted as computed, as after the step;
+    - append: the sampled token appended (`Sequence.append_token_id`), `can_append_slots(group, 0)`
+      (False: the scheduler preempts; here the sequence is restored from a copy taken before the
+      append and `OutOfBlocks` raised), `append_slots(seq, 0)`: its copy-on-writes are returned;
+    - fork: `Sequence.fork(child_id)`, `fork(parent, child)`;
+    - swap_out / swap_in (0.5.0.post1 on): `can_swap_out` / `can_swap_in(group, 0)`, `swap_out` /
+      `swap_in(group)`, the mapping returned in table order; free: `free(seq)`.
+    Declared `conservative_admission`: `can_allocate` counts every prompt block, cache hits ignored,
+    and `can_append_slots` assumes every touched block needs a new one (vLLM's "worst-case heuristic").
+    """
+
+    config_space = {"block_sizes": tuple(range(1, 17)), "prefix_caching": (True, False)}
+
+    def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = False,
+                 num_cpu_blocks: int = 0, version: str = "0.5.5"):
+        engine = self._engine = _engine(version, V0_MODULES)
+        self.version, self.B = version, block_size
+        self._sequence, self._interfaces = engine["vllm.sequence"], engine["vllm.core.interfaces"]
+        self._params = engine["vllm.sampling_params"].SamplingParams
+        with engine.active():
+            self.manager = engine["vllm.core.block_manager_v2"].BlockSpaceManagerV2(
+                block_size=block_size, num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks,
+                watermark=0.0, sliding_window=None, enable_caching=prefix_caching)
+        self.groups = {}  # seq id -> its SequenceGroup of one Sequence
+
+    @property
+    def capabilities(self):
+        return _v0_capabilities(self.version)
+
+    # ------------------------------------------------------------------ vLLM objects
+
+    def _new_group(self, seq):
+        if self.version == "0.4.2":
+            return self._sequence.SequenceGroup(str(seq.seq_id), [seq], self._params(), 0.0)
+        return self._sequence.SequenceGroup(str(seq.seq_id), [seq], 0.0, sampling_params=self._params())
+
+    def _new_sequence(self, seq_id, tokens):
+        if self.version == "0.4.2":
+            return self._sequence.Sequence(seq_id, None, list(tokens), self.B)
+        return self._sequence.Sequence(seq_id, {"prompt_token_ids": list(tokens), "prompt": None,
+                                                "multi_modal_data": None}, self.B)
+
+    def _seq(self, seq_id):
+        if seq_id not in self.groups:
+            raise UnknownSequence(seq_id)
+        group = self.groups[seq_id]
+        return group, group.seqs_dict[seq_id]
+
+    def _computed(self, seq) -> None:
+        if hasattr(seq.data, "update_num_computed_tokens"):
+            seq.data.update_num_computed_tokens(seq.get_len() - seq.data.get_num_computed_tokens())
+
+    # ------------------------------------------------------------------ protocol
+
+    def add(self, seq_id, tokens) -> int:
+        if seq_id in self.groups:
+            raise DuplicateSequence(seq_id)
+        seq = self._new_sequence(seq_id, tokens)
+        group = self._new_group(seq)
+        if self.manager.can_allocate(group) != self._interfaces.AllocStatus.OK:
+            raise OutOfBlocks(needed=-1, available=self.num_free_blocks())
+        self.manager.allocate(group)
+        seq.status = self._sequence.SequenceStatus.RUNNING
+        cached = len(self.manager.get_common_computed_block_ids([seq])) * self.B
+        self.manager.mark_blocks_as_computed(group)
+        self._computed(seq)
+        self.groups[seq_id] = group
+        return cached
+
+    def append(self, seq_id, token) -> list:
+        group, seq = self._seq(seq_id)
+        if seq.status != self._sequence.SequenceStatus.RUNNING:
+            raise InvalidState(f"sequence {seq_id!r} is swapped out")
+        before = copy.deepcopy(seq)
+        token = int(token)
+        seq.append_token_id(token, {token: self._sequence.Logprob(0.0)})
+        if not self.manager.can_append_slots(group, 0):
+            self.groups[seq_id] = self._new_group(before)
+            raise OutOfBlocks(needed=1, available=self.num_free_blocks())
+        copies = self.manager.append_slots(seq, 0)
+        self.manager.mark_blocks_as_computed(group)
+        self._computed(seq)
+        if isinstance(copies, dict):  # 0.4.2: {source: [destinations]}
+            return [(src, dst) for src, dsts in copies.items() for dst in dsts]
+        return [tuple(pair) for pair in copies]
+
+    def fork(self, parent_id, child_id) -> None:
+        _, parent = self._seq(parent_id)
+        if child_id in self.groups:
+            raise DuplicateSequence(child_id)
+        if parent.status != self._sequence.SequenceStatus.RUNNING:
+            raise InvalidState(f"cannot fork sequence {parent_id!r}: it is swapped out")
+        child = parent.fork(child_id)
+        self.manager.fork(parent, child)
+        self.groups[child_id] = self._new_group(child)
+
+    def free(self, seq_id) -> None:
+        group, seq = self._seq(seq_id)
+        self.manager.free(seq)
+        del self.groups[seq_id]
+
+    def block_table(self, seq_id) -> list:
+        _, seq = self._seq(seq_id)
+        return list(self.manager.get_block_table(seq))
+
+    def num_free_blocks(self) -> int:
+        return self.manager.get_num_free_gpu_blocks()
+
+    def swap_out(self, seq_id) -> list:
+        group, seq = self._seq(seq_id)
+        if seq.status != self._sequence.SequenceStatus.RUNNING:
+            raise InvalidState(f"sequence {seq_id!r} is already swapped out")
+        if not self.manager.can_swap_out(group):
+            raise OutOfBlocks(needed=-1, available=self.manager.get_num_free_cpu_blocks(), pool="cpu")
+        table = list(self.manager.get_block_table(seq))
+        mapping = dict(self.manager.swap_out(group))
+        seq.status = self._sequence.SequenceStatus.SWAPPED
+        return [(gpu, mapping[gpu]) for gpu in table]
+
+    def swap_in(self, seq_id) -> list:
+        group, seq = self._seq(seq_id)
+        if seq.status != self._sequence.SequenceStatus.SWAPPED:
+            raise InvalidState(f"sequence {seq_id!r} is not swapped out")
+        if self.manager.can_swap_in(group, 0) != self._interfaces.AllocStatus.OK:
+            raise OutOfBlocks(needed=-1, available=self.num_free_blocks())
+        cpu = self._engine["vllm.utils"].Device.CPU  # a swapped table holds absolute ids, after the GPU's
+        cpu_table = [self.manager.block_allocator.get_physical_block_id(cpu, block)
+                     for block in self.manager.get_block_table(seq)]
+        mapping = dict(self.manager.swap_in(group))
+        seq.status = self._sequence.SequenceStatus.RUNNING
+        return [(cpu, mapping[cpu]) for cpu in cpu_table]
+
+
+def _v0_capabilities(version: str) -> frozenset:
+    swap = V0_RELEASES.index(version) >= V0_RELEASES.index(SWAP_FROM)
+    return frozenset({"fork", "prefix_caching", "conservative_admission"} | ({"swap"} if swap else set()))
+
+
+def _block_manager_v2(version: str):
+    _engine(version, V0_MODULES)
+
+    def make(**config):
+        return BlockManagerV2Subject(**config, version=version)
+    make.capabilities = _v0_capabilities(version)
+    make.config_space = BlockManagerV2Subject.config_space
+    make.__name__ = make.__qualname__ = f"vllm_{version.replace('.', '_')}"
+    return make
+
+
 def _historical_v1(version: str):
     def make(**config):
         return HistoricalV1Subject(**config, version=version)
@@ -191,7 +365,8 @@ def _loaded_historical_v1(version: str):
 
 #: release -> its factory maker (which installs and loads the release first).
 RELEASES = {vllm_v1.VERSION: _pinned,
-            **{version: functools.partial(_loaded_historical_v1, version) for version in HISTORICAL_V1}}
+            **{version: functools.partial(_loaded_historical_v1, version) for version in HISTORICAL_V1},
+            **{version: functools.partial(_block_manager_v2, version) for version in V0_RELEASES}}
 
 
 def release(version: str = None):
