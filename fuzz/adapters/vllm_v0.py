@@ -21,7 +21,13 @@ Known bugs the kit must catch here (issue 19): 0.6.4.post1 recomputes only the l
 hit, leaving the re-allocated block's other slots unwritten (fixed by vLLM #11186); 0.6.6.post1 touches
 the hit blocks before its free-block check, so a refused allocation leaks them (#11562, fixed by #11565).
 
-The v0 block manager v2 releases (0.4.2 .. 0.5.5) are not adapted yet: `release` says so.
+- 0.4.2, 0.4.3, 0.5.0.post1, 0.5.4, 0.5.5: v0's block manager v2 (vllm/core/block_manager_v2.py) with
+  fork and copy-on-write, and swap from 0.5.0.post1 on (`BlockManagerV2Subject`).
+
+Known bugs of the v0 releases: a block taken from the evictor stays in `_cached_blocks` (0.4.2, #4764);
+a block re-allocated from the evictor is created `computed=True`, its stale KV reported as a prefix
+hit (0.4.2 .. 0.5.0.post1, fixed by #5364); `get_num_blocks_touched` counts a cached block in the
+evictor as free, so `can_swap_in` admits and the swap raises (0.5.4, #6849).
 """
 
 import copy
