@@ -93,7 +93,7 @@ def stats(file, json_path):
     from pagedkv.impl.sim import trace as tr
 
     try:
-        summary = tr.trace_stats(tr.read_trace(file))
+        summary = tr.trace_stats(tr.stream_trace(file))
     except tr.TraceError as e:
         raise click.UsageError(str(e)) from e
     if json_path:

@@ -101,9 +101,10 @@ def _parse_line(text) -> Request:
     return Request(**record)
 
 
-def parse_trace(lines) -> list[Request]:
-    """Lines as str or bytes (UTF-8); blank lines are skipped; an error names the 1-based line."""
-    requests = []
+def iter_trace(lines):
+    """The requests of `lines` (str or bytes, UTF-8) one at a time; blank lines are skipped; an error
+    names the 1-based line."""
+    last = None
     for lineno, text in enumerate(lines, 1):
         if not text.strip():
             continue
@@ -111,17 +112,26 @@ def parse_trace(lines) -> list[Request]:
             request = _parse_line(text)
         except TraceError as e:
             raise TraceError(f"line {lineno}: {e}") from None
-        if requests and request.arrival < requests[-1].arrival:
+        if last is not None and request.arrival < last.arrival:
             raise TraceError(f"line {lineno}: field 'arrival' is {request.arrival}, earlier than the line "
-                             f"before ({requests[-1].arrival}); sort the trace by arrival")
-        requests.append(request)
-    return requests
+                             f"before ({last.arrival}); sort the trace by arrival")
+        last = request
+        yield request
+
+
+def parse_trace(lines) -> list[Request]:
+    return list(iter_trace(lines))
 
 
 def read_trace(path) -> list[Request]:
+    return list(stream_trace(path))
+
+
+def stream_trace(path):
+    """`read_trace`, one request at a time (for statistics over traces too large to hold)."""
     with open(path, "rb") as f:   # bytes: a line that is not UTF-8 is reported by number
         try:
-            return parse_trace(f)
+            yield from iter_trace(f)
         except TraceError as e:
             raise TraceError(f"{path}: {e}") from None
 
@@ -252,29 +262,47 @@ def synthesize_chunks(cfg: TraceConfig, chunk: int = CHUNK):
                for i in range(size)]
 
 
-def trace_stats(requests: list[Request]) -> dict:
-    """Counts, means and P50/P90/P99 of the lengths; rate is requests per second of trace span."""
+def trace_stats(requests) -> dict:
+    """Counts, means and P50/P90/P99 of the lengths; rate is requests per second of trace span.
+    `requests` is any iterable, read once: only the lengths are kept, as machine integers."""
+    from array import array
+
     import numpy as np
 
-    if not requests:
+    prompt, output = array("q"), array("q")
+    first = last = None
+    grouped = multi = samples = 0
+    groups = set()
+    for r in requests:
+        first = r if first is None else first
+        last = r
+        prompt.append(r.prompt_len)
+        output.append(r.output_len)
+        if r.prefix_group is not None:
+            grouped += 1
+            groups.add(r.prefix_group)
+        multi += r.num_samples > 1
+        samples += r.num_samples
+    if first is None:
         raise TraceError("the trace holds no requests")
 
     def summary(values):
-        a = np.asarray(values, dtype=float)
+        a = values.astype(float)
         p50, p90, p99 = np.percentile(a, [50, 90, 99])
         return {"mean": float(a.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99),
                 "max": float(a.max())}
 
-    span = requests[-1].arrival - requests[0].arrival
+    count, span = len(prompt), last.arrival - first.arrival
+    prompts, outputs = np.frombuffer(prompt, dtype=np.int64), np.frombuffer(output, dtype=np.int64)
     return {
-        "count": len(requests),
-        "duration_s": requests[-1].arrival,
-        "rate_per_s": (len(requests) - 1) / span if span > 0 else None,
-        "prompt_len": summary([r.prompt_len for r in requests]),
-        "output_len": summary([r.output_len for r in requests]),
-        "total_len": summary([r.prompt_len + r.output_len for r in requests]),
-        "prefix_fraction": sum(r.prefix_group is not None for r in requests) / len(requests),
-        "prefix_groups": len({r.prefix_group for r in requests} - {None}),
-        "multi_sample_fraction": sum(r.num_samples > 1 for r in requests) / len(requests),
-        "total_samples": sum(r.num_samples for r in requests),
+        "count": count,
+        "duration_s": last.arrival,
+        "rate_per_s": (count - 1) / span if span > 0 else None,
+        "prompt_len": summary(prompts),
+        "output_len": summary(outputs),
+        "total_len": summary(prompts + outputs),
+        "prefix_fraction": grouped / count,
+        "prefix_groups": len(groups),
+        "multi_sample_fraction": multi / count,
+        "total_samples": samples,
     }
