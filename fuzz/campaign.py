@@ -96,29 +96,34 @@ class Result:
 
 
 def checked(options: Options) -> Options:
-    """`options` with its seed chosen, or UsageError naming the option that is out of range."""
+    """`options` with its seed, policy and block sizes settled, or UsageError naming the option that
+    is out of range."""
     if options.profile not in EFFORT:
         raise UsageError(f"unknown profile {options.profile!r}; choose one of {', '.join(EFFORT)}")
-    for name, (low, high, low_open) in LIMITS.items():
-        value = getattr(options, name)
-        if value is None:
-            continue
-        integral = name not in ("seconds", "call_timeout")
-        kinds = (int,) if integral else (int, float)
-        if not isinstance(value, kinds) or isinstance(value, bool) or not math.isfinite(min(value, high + 1)) \
-                or value < low or (low_open and value == low) or value > high:
-            option = "--" + name.replace("_", "-")
-            raise UsageError(f"{option} must be {'an integer' if integral else 'a number'} in "
-                             f"{'(' if low_open else '['}{low}, {high}], got {value!r}")
+    for name in LIMITS:
+        _check_number(name, getattr(options, name))
     if options.policy is not None and options.policy not in POLICIES:
         raise UsageError(f"--policy must be one of {', '.join(POLICIES)}, got {options.policy!r}")
     sizes = options.block_sizes
     if sizes is not None and (not sizes or not all(type(b) is int and 1 <= b <= MAX_BLOCK_SIZE for b in sizes)):
         raise UsageError(f"--block-sizes must be integers in [1, {MAX_BLOCK_SIZE}], got {sizes!r}")
-    return replace(options, seed=(0 if options.profile == "ci" else secrets.randbelow(2**32))
-                   if options.seed is None else options.seed,
-                   policy=options.policy or ("spec" if options.target in SPEC_POLICY_TARGETS else "any"),
-                   block_sizes=tuple(sorted(set(sizes))) if sizes else None)
+    seed = options.seed if options.seed is not None else 0 if options.profile == "ci" else secrets.randbelow(2**32)
+    policy = options.policy or ("spec" if options.target in SPEC_POLICY_TARGETS else "any")
+    return replace(options, seed=seed, policy=policy, block_sizes=tuple(sorted(set(sizes))) if sizes else None)
+
+
+def _check_number(name: str, value) -> None:
+    """None (the default) or a finite number of the option's kind inside its `LIMITS`."""
+    if value is None:
+        return
+    low, high, low_open = LIMITS[name]
+    integral = name not in ("seconds", "call_timeout")
+    kinds = (int,) if integral else (int, float)
+    # min() keeps math.isfinite from converting an integer too large for a float
+    if not isinstance(value, kinds) or isinstance(value, bool) or not math.isfinite(min(value, high + 1)) \
+            or value < low or (low_open and value == low) or value > high:
+        raise UsageError(f"--{name.replace('_', '-')} must be {'an integer' if integral else 'a number'} in "
+                         f"{'(' if low_open else '['}{low}, {high}], got {value!r}")
 
 
 def config_space(subject, block_sizes=None) -> dict:
