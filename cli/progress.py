@@ -8,6 +8,7 @@ figures measured on the project's 2-core machine before any run here.
 import json
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,11 +40,15 @@ class StepProgress:
     verdicts: a finished step shows PASS or FAIL (checks) rather than just done (a file written).
     plain: print the plain lines at all off a terminal (False for work that is quick as a rule)."""
 
+    #: Off a terminal, a line this often for each step still running (CI logs must not fall silent).
+    HEARTBEAT_S = 60.0
+
     def __init__(self, title: str, steps: dict, announce: bool = True, verdicts: bool = True, plain: bool = True,
                  stream=None):
         self.title, self.steps, self.announce, self.verdicts, self.plain = title, steps, announce, verdicts, plain
         self.stream = stream or sys.stderr
         self.live = None
+        self.stopped = threading.Event()
 
     def __enter__(self):
         if self.stream.isatty():
@@ -59,9 +64,20 @@ class StepProgress:
             for step in self.steps.values():
                 step.task_id = self.live.add_task(step.label, total=step.total, start=False, state="waiting",
                                                   expected=step.expected)
+        elif self.plain:
+            threading.Thread(target=self._heartbeat, daemon=True).start()
         return self
 
+    def _heartbeat(self) -> None:
+        while not self.stopped.wait(self.HEARTBEAT_S):
+            now = time.perf_counter()
+            for step in self.steps.values():
+                if step.started is not None and step.done < step.total:
+                    self._line(f"{step.label}: still running, {format_duration(now - step.started)} so far"
+                               + (f" ({step.expected})" if step.expected else ""))
+
     def __exit__(self, *exc):
+        self.stopped.set()
         if self.live is not None:
             for step in self.steps.values():
                 if step.started is not None and step.done < step.total:

@@ -130,3 +130,18 @@ def test_prove_ctrl_c_exits_130_without_worker_tracebacks(tmp_path):
     assert process.returncode == 130
     assert "Traceback" not in stderr and "ForkPoolWorker" not in stderr, stderr
     assert "interrupted" in stdout and "obligation" in stdout
+
+
+def slow_check(profile):
+    time.sleep(0.35)
+    return {"covered": "-", "passed": True}
+
+
+def test_a_long_check_keeps_printing_off_a_terminal(monkeypatch):
+    from pagedkv.cli.progress import StepProgress
+
+    monkeypatch.setattr(StepProgress, "HEARTBEAT_S", 0.1)
+    monkeypatch.setattr(check_module, "CHECKS", [("slow", here(slow_check), "-")])
+    lines = CliRunner().invoke(main, ["check"]).stderr.splitlines()
+    still = [line for line in lines if "slow: still running" in line]
+    assert len(still) >= 2 and any(line.startswith("check --profile ci: 1/1 slow: PASS in ") for line in lines)
