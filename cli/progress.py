@@ -69,12 +69,18 @@ class StepProgress:
         return self
 
     def _heartbeat(self) -> None:
+        """One line per beat: the running step, or all running steps (with their counts) in one line."""
         while not self.stopped.wait(self.HEARTBEAT_S):
             now = time.perf_counter()
-            for step in self.steps.values():
-                if step.started is not None and step.done < step.total:
-                    self._line(f"{step.label}: still running, {format_duration(now - step.started)} so far"
-                               + (f" ({step.expected})" if step.expected else ""))
+            running = [step for step in self.steps.values() if step.started is not None and step.done < step.total]
+            if len(running) == 1:
+                step = running[0]
+                self._line(f"{step.label}: still running, {format_duration(now - step.started)} so far"
+                           + (f" ({step.expected})" if step.expected else ""))
+            elif running:
+                since = min(step.started for step in running)
+                self._line("still running: " + ", ".join(f"{step.label} {step.done}/{step.total}" for step in running)
+                           + f" ({format_duration(now - since)} so far)")
 
     def __exit__(self, *exc):
         self.stopped.set()

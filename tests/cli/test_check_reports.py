@@ -145,3 +145,21 @@ def test_a_long_check_keeps_printing_off_a_terminal(monkeypatch):
     lines = CliRunner().invoke(main, ["check"]).stderr.splitlines()
     still = [line for line in lines if "slow: still running" in line]
     assert len(still) >= 2 and any(line.startswith("check --profile ci: 1/1 slow: PASS in ") for line in lines)
+
+
+def test_groups_running_side_by_side_share_one_heartbeat_line():
+    import io
+
+    from pagedkv.cli.progress import Step, StepProgress
+
+    stream = io.StringIO()
+    progress = StepProgress("prove", {"a": Step("induction", total=3), "b": Step("atomicity", total=2)},
+                            announce=False, stream=stream)
+    progress.HEARTBEAT_S = 0.05
+    with progress:
+        progress.begin("a")
+        progress.begin("b")
+        progress.advance("a")
+        time.sleep(0.2)
+    beats = [line for line in stream.getvalue().splitlines() if "still running" in line]
+    assert beats and all(line.startswith("prove: still running: induction 1/3, atomicity 0/2 (") for line in beats)
