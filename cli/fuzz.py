@@ -42,7 +42,8 @@ def block_sizes(ctx, param, value):
 @click.option("--traceback", "show_traceback", is_flag=True,
               help="On a usage error, also print the full traceback of its cause (an adapter's import error, say).")
 def fuzz(target, show_traceback, **options):
-    """Fuzz TARGET ('spec', 'impl' or 'module:factory') against the spec.
+    """Fuzz TARGET ('spec', 'impl', a built-in engine adapter such as 'vllm' or 'sglang', or
+    'module:factory') against the spec.
 
     Exit status: 0 when no oracle fired, 1 on a counterexample, 2 on a usage error.
     """
