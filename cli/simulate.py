@@ -9,7 +9,7 @@ from pagedkv.cli.common import Finite, OutputDir, human_console, json_option, wr
 from pagedkv.cli.plan import MAX_POOL_GIB, resolve_shape, shape_options, tp_option
 
 #: The simulated pool is real memory (the BlockManager keeps every slot's token id and a free list of
-#: blocks), so it is bounded: 2**22 blocks and 2**26 token slots take about 0.7 GiB.
+#: blocks), so it is bounded: 2**22 blocks and 2**26 token slots take up to about 0.7 GiB.
 MAX_BLOCKS, MAX_SLOTS = 2**22, 2**26
 MAX_SEQ_LEN = 2**24     # token positions the simulator numbers
 #: The default model shape: Llama-3-8B's (32 layers, 8 KV heads of 128, bf16: 128 KiB per token).
@@ -139,6 +139,11 @@ def simulate(trace_file, allocator, prefix_caching, block_size, pool_blocks, poo
     if out:
         for path in report.write_outputs(out, results, sweep_rows, cost.describe()):
             human.print(f"wrote {path}", highlight=False)
+    for s in summaries:
+        if 0 < s["rejected"] < len(requests):
+            human.print(f"note: {s['allocator']} rejected {s['rejected']:,} of {len(requests):,} requests: "
+                        f"{s['rejected_too_long']:,} longer than --max-model-len {max_seq_len}, "
+                        f"{s['rejected_too_large']:,} larger than the whole pool", style="yellow", highlight=False)
     everything_rejected = [s["allocator"] for s in summaries if s["rejected"] == len(requests)]
     if everything_rejected:
         human.print(f"[red]error:[/red] {', '.join(everything_rejected)}: every one of the {len(requests)} requests "
