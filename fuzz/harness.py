@@ -41,9 +41,12 @@ from .strategies import (CACHE_HIT, COW, EVICTION, OUT_OF_BLOCKS, SWAP, FreshIds
 PROTOCOL = ("add", "append", "fork", "free", "block_table", "num_free_blocks")
 SWAP_PROTOCOL = ("swap_out", "swap_in")
 #: What a subject may declare. `complete_cache`: released full blocks keep serving their prefix
-#: until handed out again (checked under policy `any`). `conservative_admission`: `add` and `swap_in`
-#: may refuse with OutOfBlocks although the blocks were there (still atomically; counted).
-CAPABILITIES = frozenset({"fork", "prefix_caching", "swap", "complete_cache", "conservative_admission"})
+#: until handed out again (checked under policy `any`). `conservative_admission`: `add`, `append`
+#: and `swap_in` may refuse with OutOfBlocks although the blocks were there (still atomically;
+#: counted). `dedup_on_fill`: when a copied-on-write tail fills and equals a cached block, the table
+#: may name the cached block instead of the copy's target (vLLM v0's block manager v2).
+CAPABILITIES = frozenset({"fork", "prefix_caching", "swap", "complete_cache", "conservative_admission",
+                          "dedup_on_fill"})
 DEFAULT_CAPABILITIES = frozenset({"fork"})
 POLICIES = ("spec", "any")
 #: Paths a campaign reports as covered.
@@ -152,7 +155,9 @@ class AnyJudge:
         if op == "append":
             if swapped:
                 return {InvalidState}, set()
-            return ({OutOfBlocks}, set()) if self.append_needs_block(seq, before) and not self.free(before) else (set(), set())
+            if self.append_needs_block(seq, before) and not self.free(before):
+                return {OutOfBlocks}, set()
+            return set(), ({OutOfBlocks} if self.conservative() else set())
         if op == "swap_out":
             if swapped:
                 return {InvalidState}, set()
@@ -483,11 +488,21 @@ class Conformance:
     def check_copies(self, seq, old, new, position, copies, tables) -> None:
         others = set().union(*(t for s, t in tables.items() if s != seq))
         shared_partial_tail = position % self.B != 0 and old[-1] in others
+        if shared_partial_tail and self.deduplicated(seq, old, new, position, copies, others | set(old)):
+            return
         want = [(old[-1], new[-1])] if shared_partial_tail else []
         self.expect(copies == want and not (want and new[-1] in others | set(old)), "cow_exact",
                     f"append to seq {seq} at position {position} "
                     f"({'shared, partly filled' if shared_partial_tail else 'unshared or full'} tail) "
                     f"returned copies {copies}, expected {want or 'none'} (table {old} -> {new})")
+
+    def deduplicated(self, seq, old, new, position, copies, taken) -> bool:
+        """`dedup_on_fill`: the append filled its block, the table names a block already holding that
+        full content, and the copy (if any) went from the old tail to a fresh target that the subject
+        then dropped. Readback still checks every slot."""
+        return ("dedup_on_fill" in self.capabilities and (position + 1) % self.B == 0
+                and all(src == old[-1] and dst not in taken for src, dst in copies) and len(copies) <= 1
+                and self.holds(new[-1], tuple(self.tokens[seq][:position + 1])))
 
     def readback(self, seq: int, table: list, memory: dict) -> None:
         tokens = self.tokens[seq]

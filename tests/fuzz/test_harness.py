@@ -204,3 +204,68 @@ def test_the_entry_point_reports_every_distinct_oracle_with_readable_programs():
 
 def test_the_entry_point_passes_a_correct_subject():
     conformance_test(bug_zoo.Reference, max_examples=20)()
+
+
+class DedupOnFill(bug_zoo.Reference):
+    """vLLM v0 BMv2's promotion: a tail that fills and equals a cached block is replaced by that block
+    (the copy-on-write target, if any, is dropped); the returned copies still name the target."""
+
+    def append(self, seq_id, token):
+        copies = super().append(seq_id, token)
+        seq = self.seqs[seq_id]
+        j = len(seq.table) - 1
+        if self.prefix_caching and len(seq.tokens) % self.B == 0:
+            h = self._hashes(seq.tokens, j + 1)[-1]
+            equal = [b for b in self.index.get(h, ()) if b != seq.table[j] and self._confirmed(b, seq.tokens, j)]
+            if equal:
+                tail, seq.table[j] = seq.table[j], self._share(min(equal))
+                self._drop(tail)
+        return copies
+
+
+class DeclaredDedup(DedupOnFill):
+    capabilities = DedupOnFill.capabilities | {"dedup_on_fill"}
+
+
+#: Seq 3 forks seq 2's partial [0] and writes 1: the copy (1 -> 2) fills to [0, 1], equal to block 0.
+COW_THAT_FILLS_AN_EQUAL_BLOCK = [("add", (1, [0, 1])), ("add", (2, [0])), ("fork", (2, 3)), ("append", (3, 1))]
+
+
+def test_a_cow_target_replaced_by_an_equal_cached_block_is_accepted_only_when_declared():
+    config = dict(CONFIG, num_blocks=4, num_cpu_blocks=0)
+    with pytest.raises(OracleFailure) as caught:
+        replay(DedupOnFill, config, COW_THAT_FILLS_AN_EQUAL_BLOCK, policy="any")
+    assert caught.value.oracle == "cow_exact"
+    replay(DeclaredDedup, config, COW_THAT_FILLS_AN_EQUAL_BLOCK, policy="any")
+
+
+def test_dedup_on_fill_does_not_excuse_a_table_naming_other_content():
+    """Declared dedup, but the block the table names holds [0, 2], not the [0, 1] just written."""
+    class WrongDedup(DeclaredDedup):
+        def append(self, seq_id, token):
+            return super().append(seq_id, 2 if token == 1 else token)
+
+    config = dict(CONFIG, num_blocks=5, num_cpu_blocks=0)
+    with pytest.raises(OracleFailure) as caught:
+        replay(WrongDedup, config, [("add", (1, [0, 2])), ("add", (2, [0])), ("fork", (2, 3)), ("append", (3, 1))],
+               policy="any")
+    assert caught.value.oracle in ("cow_exact", "readback")
+
+
+class ConservativeAppend(bug_zoo.Reference):
+    """vLLM v0's worst-case heuristic: an append is refused when no block is free, needed or not."""
+
+    capabilities = bug_zoo.Reference.capabilities | {"conservative_admission"}
+
+    def append(self, seq_id, token):
+        self._get(seq_id)
+        self._require(1)
+        return super().append(seq_id, token)
+
+
+def test_a_conservative_append_refusal_is_allowed_and_counted():
+    kv = Conformance(ConservativeAppend, dict(CONFIG, num_blocks=2, num_cpu_blocks=0), policy="any")
+    for op, args in [("add", (1, [0, 1, 2])), ("append", (1, 3))]:   # the tail has room, no block is free
+        getattr(kv, op)(*args)
+        kv.check_all()
+    assert kv.tally["oom_conservative"] == 1
