@@ -136,8 +136,24 @@ def install(name: str, version: str, *, wheel_dirs: Iterable = (), keep: Callabl
     dest = install_dir(name, version)
     if (dest / MARKER).is_file():
         return dest
-    wheel = find_wheel(name, version, wheel_dirs) or download(name, version, pip_args)
-    return unpack(wheel, dest, keep or (lambda member: True))
+    with _install_lock(dest):  # several processes (pytest-xdist workers, campaign workers) may race here
+        if (dest / MARKER).is_file():
+            return dest
+        wheel = find_wheel(name, version, wheel_dirs) or download(name, version, pip_args)
+        return unpack(wheel, dest, keep or (lambda member: True))
+
+
+@contextlib.contextmanager
+def _install_lock(dest: Path) -> Iterator[None]:
+    """An exclusive lock on `<dest>.lock` (POSIX `flock`), held while one process installs `dest`."""
+    import fcntl
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / f".{dest.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def importable(name: str, version: str) -> bool:

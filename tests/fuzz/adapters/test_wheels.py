@@ -113,3 +113,29 @@ def test_without_a_hollow_stub_the_package_init_runs(cache):
     with pytest.raises(ModuleNotFoundError, match="toyengine_gpu_runtime"):
         wheels.load([root], ["toyengine"], ["toyengine.alloc"], {})
     assert "toyengine" not in sys.modules
+
+
+def test_an_install_waits_for_one_in_progress(cache, tmp_path):
+    """pytest-xdist and campaign workers install the same wheel at once: while one holds the install
+    lock the others wait, then find its folder complete and reuse it."""
+    import multiprocessing
+
+    dest = wheels.install_dir("toyengine", "1.0")
+    context = multiprocessing.get_context("spawn")
+    with wheels._install_lock(dest):
+        child = context.Process(target=_install_in_child, args=(str(tmp_path / "cache"), str(cache)))
+        child.start()
+        child.join(timeout=3)
+        assert child.is_alive() and not dest.exists()      # blocked on the lock, nothing unpacked
+        wheels.unpack(cache / "toyengine-1.0-py3-none-any.whl", dest)
+        unpacked = (dest / wheels.MARKER).stat().st_ino
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert (dest / wheels.MARKER).stat().st_ino == unpacked     # reused, not unpacked again
+    assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".lock")] == ["toyengine-1.0"]
+
+
+def _install_in_child(cache_root, wheelhouse):
+    import os
+    os.environ["PAGEDKV_WHEEL_CACHE"] = cache_root
+    wheels.install("toyengine", "1.0", wheel_dirs=[wheelhouse])
