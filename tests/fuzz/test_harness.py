@@ -269,3 +269,27 @@ def test_a_conservative_append_refusal_is_allowed_and_counted():
         getattr(kv, op)(*args)
         kv.check_all()
     assert kv.tally["oom_conservative"] == 1
+
+
+class ServesHighestHolder(bug_zoo.Reference):
+    """Correct, another choice among equal blocks: a hit serves the highest-numbered holder."""
+
+    def _hits(self, tokens):
+        hits = []
+        for j, h in enumerate(self._hashes(tokens, (len(tokens) - 1) // self.B) if self.prefix_caching else []):
+            confirmed = [block for block in self.index.get(h, ()) if self._confirmed(block, tokens, j)]
+            if not confirmed:
+                break
+            hits.append(max(confirmed))
+        return hits
+
+
+def test_serving_the_free_copy_of_a_duplicate_may_run_out_where_the_spec_does_not():
+    """Issue 19, family 1: [0, 1] is held by live block 0 and by released block 2. Serving block 2
+    costs a free block, so admitting 3 blocks with 2 free is refused: legal under `any` only."""
+    config = dict(CONFIG, num_blocks=4, num_cpu_blocks=0)
+    program = [("add", (1, [0, 1, 5])), ("add", (2, [0, 1])), ("free", (2,)), ("add", (3, [0, 1, 7, 8, 9]))]
+    replay(ServesHighestHolder, config, program, policy="any")
+    with pytest.raises(OracleFailure) as caught:
+        replay(ServesHighestHolder, config, program, policy="spec")
+    assert caught.value.oracle == "oom_exact"
