@@ -95,7 +95,7 @@ def test_radix_disabled_serves_nothing_and_frees_everything():
     assert subject.num_free_blocks() == 4 and subject.cache.evictable_size() == 0
 
 
-def test_eviction_reclaims_released_pages_lru_leaf_first():
+def test_eviction_reclaims_released_pages():
     subject = make(3, 2)
     subject.add(1, [0, 1, 2, 3, 4])
     subject.free(1)                                      # [0,1] [2,3] cached, [4] freed
@@ -104,6 +104,21 @@ def test_eviction_reclaims_released_pages_lru_leaf_first():
     assert subject.cache.evictable_size() == 0
     subject.free(2)
     assert subject.add(3, [0, 1, 2]) == 0                # the evicted prefix is gone
+
+
+def test_eviction_takes_a_whole_tree_node():
+    """The tree keeps [0, 1, 2, 3] as one node of two pages, and evicts by node: a request short of
+    one token's worth of room loses both pages."""
+    subject = make(4, 2)
+    subject.add(1, [0, 1, 2, 3, 9])
+    subject.free(1)
+    subject.add(2, [5])
+    assert subject.cache.evictable_size() == 4
+    subject.add(3, [6])                                  # one page free, the extend path asks for two
+    assert subject.cache.evictable_size() == 0
+    subject.free(2)
+    subject.free(3)
+    assert subject.add(4, [0, 1, 2, 3, 8]) == 0
 
 
 def test_refusals_change_nothing():
@@ -146,6 +161,10 @@ DIVERGENCES = {
     "extend evicts a page it does not need": ("cache_hit", {"num_blocks": 3, "block_size": 2},
                                               [["add", [1, [0, 1, 9]]], ["free", [1]], ["add", [2, [2, 3, 9]]],
                                                ["free", [2]], ["add", [3, [0, 1, 5]]]]),
+    # eviction takes a whole tree node: [0, 1, 2, 3] is one node of two pages, both evicted for add(3).
+    "eviction takes a whole node": ("cache_hit", {"num_blocks": 4, "block_size": 2},
+                                    [["add", [1, [0, 1, 2, 3, 9]]], ["free", [1]], ["add", [2, [5]]],
+                                     ["add", [3, [6]]], ["free", [2]], ["free", [3]], ["add", [4, [0, 1, 2, 3, 8]]]]),
     # a full decode page is published when the request ends, not when it fills.
     "decode page unpublished": ("cache_hit", {"num_blocks": 8, "block_size": 2},
                                 [["add", [1, [0, 1]]], ["append", [1, 2]], ["append", [1, 3]],
