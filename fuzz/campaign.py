@@ -591,11 +591,17 @@ def write_regression(directory: str, subject, failure: dict, call_timeout: float
             "policy": policy, "block_sizes": list(block_sizes) if block_sizes else None}
     stem = os.path.join(directory, f"test_regression_{name}")
     with open(stem + ".json", "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=1)
-        handle.write("\n")
+        handle.write(_regression_json(data))
     with open(stem + ".py", "w", encoding="utf-8") as handle:
         handle.write(REGRESSION_TEST)
     return stem + ".py"
+
+
+def _regression_json(data: dict) -> str:
+    """`data` as indented JSON, the program one step per line (readable in a diff)."""
+    head = json.dumps({key: value for key, value in data.items() if key != "program"}, indent=1)
+    steps = ",\n  ".join(json.dumps(step) for step in data["program"])
+    return f'{head[:-2]},\n "program": [\n  {steps}\n ]\n}}\n'
 
 
 def load_regression(path) -> dict:
