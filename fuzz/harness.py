@@ -116,10 +116,10 @@ class SpecJudge:
         return self.shadow.num_free_blocks()
 
     def handed_out(self, blocks, live_before: set) -> None:
-        pass
+        """Nothing to learn: the shadow keeps its own cache (see AnyJudge.handed_out)."""
 
     def filled(self, block: int, content: tuple) -> None:
-        pass
+        """Nothing to learn: the shadow keeps its own cache (see AnyJudge.filled)."""
 
 
 class AnyJudge:
@@ -142,9 +142,10 @@ class AnyJudge:
         kv, (seq, *rest) = self.kv, args
         live, swapped = seq in kv.tokens and seq not in kv.cpu_tables, seq in kv.cpu_tables
         known = live or swapped
-        if op == "add":
-            return ({DuplicateSequence} if known else set()), ({OutOfBlocks} if not known and self.oom_legal_add(
-                rest[0], before) else set())
+        if op == "add":   # out of blocks is never due: the subject may find more hits than it must
+            if known:
+                return {DuplicateSequence}, set()
+            return set(), ({OutOfBlocks} if self.oom_legal_add(rest[0], before) else set())
         if op == "fork":
             must = {UnknownSequence} if not known else set()
             must |= {DuplicateSequence} if rest[0] in kv.tokens else set()
