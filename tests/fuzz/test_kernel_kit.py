@@ -340,3 +340,20 @@ def test_a_kernel_that_writes_into_its_inputs_fails():
                            torch.float32)
     outcome = run_batch(LoadedKernel("scribbler", Scribbler(), declaration_of(Scribbler())), batch)
     assert outcome.status == "failed" and outcome.detail == "decode wrote into its input(s) k_cache"
+
+
+def test_the_planted_bug_is_caught_within_vllm_like_declarations_too(monkeypatch):
+    """A kernel that only takes blocks that are multiples of 16 and head dims >= 32 (as vLLM's unified
+    attention declares) still meets multi-tile cases it cannot pass with the tile-offset bug."""
+    from pagedkv.fuzz.kernel_kit.minimal import MinimalDecode
+
+    class Restricted(MinimalDecode):
+        block_sizes = frozenset(range(16, 1025, 16))
+        head_dims = frozenset(range(32, 513))
+
+    module = type(sys)("restricted_planted")
+    module.factory = lambda: Restricted(tile_offset_bug=True)
+    monkeypatch.setitem(sys.modules, "restricted_planted", module)
+    monkeypatch.setattr(kit_check, "save_failures", lambda path, cases: None)   # keep the tree clean
+    result = kit_check.run_kernel_check("ci", kernel="restricted_planted:factory")
+    assert not result["passed"] and "B=48" in result["detail"] and "B=128" in result["detail"], result
