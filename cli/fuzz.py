@@ -1,8 +1,11 @@
 """`pagedkv fuzz TARGET`: fuzz a block manager against the spec through the conformance protocol."""
 
+import sys
 import traceback
 
 import click
+
+from pagedkv.cli.common import JSON_HELP, OutputDir, OutputFile
 
 
 def block_sizes(ctx, param, value):
@@ -35,10 +38,10 @@ def block_sizes(ctx, param, value):
 @click.option("--db", default=".hypothesis/pagedkv", show_default=True,
               help="Example database: a directory, or a Redis URL shared by many machines "
                    "(redis://[:PASSWORD@]HOST:PORT/N, rediss:// for TLS, unix:///PATH?db=N).")
-@click.option("--save-regression", type=click.Path(file_okay=False),
-              help="Write a counterexample as a pytest file (and its JSON data) into this directory.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the result as JSON.")
-@click.option("--junit", "junit_path", type=click.Path(dir_okay=False), help="Write a JUnit XML report.")
+@click.option("--save-regression", type=OutputDir(),
+              help="Write a counterexample as a pytest file (and its JSON data) into this folder.")
+@click.option("--json", "json_path", type=OutputFile(), metavar="FILE", help=JSON_HELP)
+@click.option("--junit", "junit_path", type=OutputFile(dash=False), help="Write a JUnit XML report to FILE.")
 @click.option("--traceback", "show_traceback", is_flag=True,
               help="On a usage error, also print the full traceback of its cause (an adapter's import error, say).")
 def fuzz(target, show_traceback, **options):
@@ -51,7 +54,8 @@ def fuzz(target, show_traceback, **options):
     from pagedkv.fuzz.subjects import UsageError
 
     try:
-        result = run_campaign(Options(target=target, **options))
+        report_to = sys.stderr if options["json_path"] == "-" else None   # `--json -` keeps stdout clean JSON
+        result = run_campaign(Options(target=target, **options), out=report_to)
     except UsageError as error:
         if show_traceback and error.__cause__ is not None:
             click.echo("".join(traceback.format_exception(error.__cause__)), err=True, nl=False)

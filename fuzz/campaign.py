@@ -69,7 +69,7 @@ class Options:
     workers: int = 1
     db: str = DEFAULT_DB         # a directory, or a Redis URL (redis://, rediss://, unix://)
     save_regression: str = None
-    json_path: str = None
+    json_path: str = None        # "-": stdout (pass `out=sys.stderr` for the report)
     junit_path: str = None
     seed: int = None             # None: 0 under ci, a fresh random seed otherwise
     call_timeout: float = DEFAULT_TIMEOUT
@@ -405,8 +405,11 @@ def run_campaign(options: Options, out=None) -> Result:
                                              options.policy, options.block_sizes)
     report(result, out)
     if options.json_path:
-        with open(options.json_path, "w") as handle:
-            json.dump(asdict(result), handle, indent=2, default=str)
+        text = json.dumps(asdict(result), indent=2, default=str) + "\n"
+        if options.json_path == "-":   # the report went to `out` (the CLI passes stderr)
+            sys.stdout.write(text)
+        else:
+            Path(options.json_path).write_text(text, encoding="utf-8")
     if options.junit_path:
         write_junit(options.junit_path, result)
     return result

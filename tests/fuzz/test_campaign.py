@@ -135,6 +135,16 @@ def test_regression_file_fails_against_the_bug_and_passes_once_fixed(bug_run):
     assert fixed.returncode == 0, fixed.stdout
 
 
+def test_json_to_stdout_and_output_paths_checked_before_any_work(tmp_path):
+    run = invoke("spec", "--max-examples", "3", "--db", str(tmp_path / "db"), "--json", "-")
+    assert run.exit_code == 0, run.output
+    assert json.loads(run.stdout)["passed"] is True and "PASS" in run.stderr
+    for option, path in (("--json", tmp_path / "missing" / "out.json"), ("--junit", tmp_path),
+                         ("--save-regression", tmp_path / "missing" / "deeper")):
+        run = invoke("spec", option, str(path), "--db", str(tmp_path / "db"))
+        assert run.exit_code == 2 and "examples" not in run.output, run.output
+
+
 def test_json_and_junit_reports(bug_run):
     where, _ = bug_run
     result = json.loads((where / "out.json").read_text())
