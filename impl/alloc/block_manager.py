@@ -449,8 +449,10 @@ class BlockManager:
         return rows
 
     def _forget_memo(self) -> None:
-        """After a rollback: rows the memo saw may have been recycled and restored."""
+        """After a rollback: rows the memo saw may have been recycled and restored, and tables
+        gathered inside the transaction may show changes that were undone (undoing stamps nothing)."""
         self._last_batch = None
+        self.rows.last_gather = None
 
     def _require_running(self, rows: np.ndarray) -> None:
         not_running = np.flatnonzero(self.rows.row_status[rows] != RUNNING_CODE)
@@ -545,7 +547,7 @@ class BlockManager:
         lens = table_rows.seq_len[rows]
         offsets = lens % B
         journal.assign(self.block_tokens, (table_rows.tails(rows), offsets), tokens)
-        journal.assign(table_rows.seq_len, rows, lens + 1)
+        journal.assign(table_rows.seq_len, rows, lens + 1, old=lens)
         filled = np.flatnonzero(offsets == B - 1)
         if self.cache is not None and len(filled):
             self._index_filled_tails(rows[filled])

@@ -33,12 +33,17 @@ class Journal:
         """Remember `array[index]` (numpy or list; fancy indices with repeats too) before the
         caller overwrites it in place."""
         old = array[index]
-        if type(old) is np.ndarray:
+        if type(old) is np.ndarray and old.base is not None:
             old = old.copy()   # a slice is a view: keep the values, not the memory
         self.undo.append((array.__setitem__, (index, old)))
 
-    def assign(self, array, index, values) -> None:
-        self.save(array, index)
+    def assign(self, array, index, values, old=None) -> None:
+        """`array[index] = values`; `old`: the values there now, when the caller has read them
+        already (its own copy, not a view), to save reading them twice."""
+        if old is None:
+            self.save(array, index)
+        else:
+            self.undo.append((array.__setitem__, (index, old)))
         array[index] = values
 
     def set(self, obj, name: str, value) -> None:

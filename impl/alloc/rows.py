@@ -52,6 +52,12 @@ class RowTables:
         self.arena = np.full(self.min_arena, -1, dtype=np.int32)
         self.used = 0                                         # arena[used:] is -1, never placed
         self.live = 0                                         # slots in segments of live rows
+        # The last batch's gathered tables, kept so that the next call with the same rows gathers
+        # again only the rows whose tables changed since (engines repeat batches step after step).
+        # A cache, not state: never journaled; a change stamps its rows, an undone change too.
+        self.changed_at = np.zeros(max_seqs, dtype=np.int64)  # row -> stamp of its last table change
+        self.changes = 0
+        self.last_gather = None                               # (rows, width, tables, stamp)
 
     def __len__(self) -> int:
         return len(self.seq_len)
@@ -83,6 +89,7 @@ class RowTables:
 
     def _grow_rows(self) -> None:
         journal, old = self.journal, len(self)
+        self.changed_at = np.concatenate([self.changed_at, np.zeros(old, dtype=np.int64)])
         for name, (dtype, fill) in ROW_ARRAYS.items():
             grown = np.full(2 * old, fill, dtype=dtype)
             grown[:old] = getattr(self, name)
@@ -106,6 +113,7 @@ class RowTables:
         start = int(self.start[row])
         journal.assign(self.arena, slice(start, start + len(table)), table)
         journal.assign(self.num_held, row, len(table))
+        self._stamp(row)
 
     def tails(self, rows: np.ndarray) -> np.ndarray:
         """The last block of each row's table (every row holds at least one)."""
@@ -113,6 +121,7 @@ class RowTables:
 
     def set_tails(self, rows: np.ndarray, blocks: np.ndarray) -> None:
         self.journal.assign(self.arena, self.start[rows] + self.num_held[rows] - 1, blocks)
+        self._stamp(rows)
 
     def push(self, rows: np.ndarray, blocks: np.ndarray) -> None:
         """Append blocks[i] to the table of rows[i] (distinct rows)."""
@@ -122,7 +131,8 @@ class RowTables:
         if full.any():
             self._move(rows[full], held[full])
         journal.assign(self.arena, self.start[rows] + held, blocks)
-        journal.assign(self.num_held, rows, held + 1)
+        journal.assign(self.num_held, rows, held + 1, old=held)
+        self._stamp(rows)
 
     def gather(self, rows: np.ndarray, width: int) -> np.ndarray:
         """int32 [len(rows), width] tables, -1 past each row's own blocks.
@@ -151,8 +161,26 @@ class RowTables:
         return self.arena[self.start[rows] + index].astype(np.int64)
 
     def device_tables(self, rows: np.ndarray, width: int) -> torch.Tensor:
-        """int32 [len(rows), width] tables on the device."""
-        return torch.from_numpy(self.gather(rows, width)).to(self.device)
+        """int32 [len(rows), width] tables on the device (a new tensor the caller owns)."""
+        return torch.from_numpy(self._gather_again(rows, width)).to(self.device)
+
+    def _gather_again(self, rows: np.ndarray, width: int) -> np.ndarray:
+        """`gather`, reusing the last call's tables when it asked for the same rows and width:
+        only rows stamped since are gathered again, then the whole is copied once."""
+        last = self.last_gather
+        if last is not None and last[1] == width and len(last[0]) == len(rows) and np.array_equal(last[0], rows):
+            tables = last[2]
+            changed = np.flatnonzero(self.changed_at[rows] > last[3])
+            if len(changed):
+                tables[changed] = self.gather(rows[changed], width)
+        else:
+            tables = self.gather(rows, width)
+        self.last_gather = (rows, width, tables, self.changes)
+        return tables.copy()
+
+    def _stamp(self, rows) -> None:
+        self.changes += 1
+        self.changed_at[rows] = self.changes
 
     # ---------------------------------------------------------------- segments
 

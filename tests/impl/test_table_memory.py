@@ -5,8 +5,11 @@ import time
 import tracemalloc
 
 import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
 
 from pagedkv.impl import BlockManager
+from pagedkv.spec import PagedKVError
 
 LONG, SHORT, SHORT_LEN = 200_000, 256, 16
 
@@ -66,4 +69,56 @@ def test_freeing_the_long_one_gives_its_table_memory_back():
     bm.free(0)
     assert bm.rows.arena.nbytes <= 2 * small + 4 * 4 * SHORT * (SHORT_LEN + 1)
     assert bm.block_tables(list(range(1, SHORT + 1))).shape == (SHORT, SHORT_LEN + 1)
+    bm.check()
+
+
+# ------------------------------------------------------------------ the gathered tables of a repeated batch
+
+def expected_tables(bm, ids) -> list:
+    tables = [bm.block_table(s) for s in ids]
+    width = max(map(len, tables), default=0)
+    return [t + [-1] * (width - len(t)) for t in tables]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["append", "fork", "free", "add", "swap", "undone"]),
+                          st.integers(0, 4), st.integers(0, 30)), max_size=30))
+def test_tables_of_a_repeated_batch_follow_every_change(program):
+    """`block_tables` reuses the last call's tables for the same rows, re-gathering the rows that
+    changed: after every call, and after a transaction that changed tables and was undone, the
+    tables equal each sequence's own."""
+    bm = BlockManager(64, 2, num_cpu_blocks=16, max_seqs=2, max_blocks_per_seq=1)
+    for seq_id in range(5):
+        bm.add(seq_id, [seq_id] * (seq_id + 1))
+    next_id = 5
+    for op, pick, n in program:
+        running = bm.running()
+        if running:
+            assert bm.block_tables(running).tolist() == expected_tables(bm, running)
+        target = running[pick % len(running)] if running else None
+        try:
+            if op == "add" or target is None:
+                bm.add(next_id, [7] * (n + 1))
+                next_id += 1
+            elif op == "append":
+                bm.append_batch(running, [n] * len(running))
+            elif op == "fork":
+                bm.fork(target, next_id)
+                next_id += 1
+            elif op == "free":
+                bm.free(target)
+            elif op == "swap":
+                bm.swap_out(target)
+                bm.swap_in(target)
+            else:
+                def grow_then_fail():
+                    bm.append_batch(running, [n] * len(running))
+                    bm.block_tables(running)        # gathered inside, then undone
+                    raise RuntimeError("undone")
+                with pytest.raises(RuntimeError):
+                    bm.transaction(grow_then_fail)
+        except PagedKVError:
+            pass
+    running = bm.running()
+    assert bm.block_tables(running).tolist() == expected_tables(bm, running)
     bm.check()
