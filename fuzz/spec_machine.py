@@ -138,7 +138,7 @@ class SpecMachine(RuleBasedStateMachine):
 
     @rule(seq_id=seq_ids, prompt=prompts)
     def add_existing_id(self, seq_id, prompt):
-        exists = seq_id in self.kv.seqs
+        exists = seq_id in self.kv.seq_ids()
         ok, error = self.attempt("add", seq_id, prompt)
         if exists:
             assert isinstance(error, DuplicateSequence), f"add of existing id gave {error!r}"
