@@ -58,6 +58,7 @@ class RowTables:
         self.changed_at = np.zeros(max_seqs, dtype=np.int64)  # row -> stamp of its last table change
         self.changes = 0
         self.last_gather = None                               # (rows, width, tables, stamp)
+        self.window_view = None                               # (arena, width, its window view)
 
     def __len__(self) -> int:
         return len(self.seq_len)
@@ -144,8 +145,7 @@ class RowTables:
         if len(rows) == 0 or width == 0:
             return np.full((len(rows), width), -1, dtype=np.int32)
         self._ensure_tail_room(width)
-        windows = as_strided(self.arena, shape=(len(self.arena) - width + 1, width),
-                             strides=(self.arena.strides[0],) * 2, writeable=False)
+        windows = self._windows(width)
         caps = self.capacity[rows]
         out = windows[self.start[rows]]
         capacity = 0
@@ -168,7 +168,8 @@ class RowTables:
         """`gather`, reusing the last call's tables when it asked for the same rows and width:
         only rows stamped since are gathered again, then the whole is copied once."""
         last = self.last_gather
-        if last is not None and last[1] == width and len(last[0]) == len(rows) and np.array_equal(last[0], rows):
+        if last is not None and last[1] == width and (last[0] is rows or (
+                len(last[0]) == len(rows) and bool((last[0] == rows).all()))):
             tables = last[2]
             changed = np.flatnonzero(self.changed_at[rows] > last[3])
             if len(changed):
@@ -177,6 +178,16 @@ class RowTables:
             tables = self.gather(rows, width)
         self.last_gather = (rows, width, tables, self.changes)
         return tables.copy()
+
+    def _windows(self, width: int) -> np.ndarray:
+        """The arena as overlapping rows of `width` slots (row i starts at slot i), a read-only view
+        kept while the arena object and the width stay the same."""
+        cached = self.window_view
+        if cached is None or cached[0] is not self.arena or cached[1] != width:
+            view = as_strided(self.arena, shape=(len(self.arena) - width + 1, width),
+                              strides=(self.arena.strides[0],) * 2, writeable=False)
+            cached = self.window_view = (self.arena, width, view)
+        return cached[2]
 
     def _stamp(self, rows) -> None:
         self.changes += 1

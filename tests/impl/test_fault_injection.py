@@ -86,7 +86,7 @@ def manager_state(bm: BlockManager) -> dict:
         "block_tokens": bm.block_tokens.tolist(), "cpu_block_tokens": bm.cpu_pool.block_tokens.tolist(),
         "pending": bm.copies.pending(), "metrics": bm.metrics(),
         "stamps": (bm._admissions, bm._creations),
-        "tables": bm.block_tables(ids).tolist(),
+        "arena": (bm.rows.used, bm.rows.live, len(bm.rows.arena)),   # block_tables may compact: not called here
     }
     if bm.cache is not None:
         state["contents"] = {b: content_chain(c) for b, c in bm.cache.content_of.items()}
@@ -152,6 +152,15 @@ def swapped_back_in():
     return bm
 
 
+def arena_at_its_end():
+    """The table arena used to its last slot: reading a batch's windows off its end compacts it."""
+    bm = BlockManager(16, 1, max_seqs=2, max_blocks_per_seq=1)
+    bm.add(1, [1, 2, 3])
+    bm.add(2, [4, 5])
+    assert bm.rows.used == len(bm.rows.arena)
+    return bm
+
+
 def scheduler_mid_run():
     """Two steps in: prefills done, a fork family decoding, the next step preempts by swap."""
     bm = BlockManager(6, 2, num_cpu_blocks=8, prefix_caching=True)
@@ -194,6 +203,7 @@ OPERATIONS = {
     "resume waiting": (cached_pool, lambda bm: bm.resume(4)),
     "swap_in": (cached_pool, lambda bm: bm.swap_in(5)),
     "take_copies": (swapped_back_in, lambda bm: [(kind, pairs.tolist()) for kind, pairs in bm.take_copies().phases]),
+    "block_tables compacting the arena": (arena_at_its_end, lambda bm: bm.block_tables([1, 2]).tolist()),
     "step preempting": (crowded_pool, lambda bm: bm.step({1: 1, 2: 2, 3: 3, 4: 4},
                                                           preempt_mode=lambda s: "swap" if s == 4 else "recompute")),
     "schedule": (scheduler_mid_run, lambda s: step_summary(s.schedule())),
