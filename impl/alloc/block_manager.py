@@ -4,25 +4,31 @@ Same operations, errors (checked in the spec's order), deterministic choices and
 as the spec; the differential fuzz test (`pagedkv.fuzz.differential`) holds it to that. What differs
 is how state is kept, so that an engine's per-step work is a handful of numpy operations:
 
-- each sequence owns a *row* of a preallocated int32 block-table array (`-1` past its blocks),
-  shared with a torch tensor (the same memory on CPU; synced row by row on other devices):
-  `rows.py`. Its status, length and admission stamp live in the row, and nothing else: the
-  running list is derived from them;
+- each sequence owns a *row* of per-row arrays (status, length, admission stamp: the running
+  list is derived from them) and a block table stored as a segment of one int32 arena, sized by
+  the blocks it holds (`rows.py`); a batch's [N, M] tables are gathered per call;
 - `block_tokens[b]` holds the token ids written into block b, as a real cache holds their KV, so a
   running sequence's tokens are read back through its table and nothing else is stored per token;
 - ref counts, lengths and statuses are numpy arrays, so `append_batch` for a whole batch is
   vectorized; only the rare sequences that copy-on-write or fill a block under prefix caching
   take a short Python loop;
-- copies the engine must perform (copy-on-write, swap out, swap in) queue up until `take_copies`
-  (`copies.py`); the GPU pool (`block_pool.py`), CPU swap pool (`cpu_pool.py`), prefix cache
-  (`prefix_cache.py`), batch argument checks (`arguments.py`) and invariants (`invariants.py`)
-  each have their own file, so this one reads like the spec's operations.
+- copies the engine must perform (copy-on-write, swap out, swap in) queue up, in call order,
+  until `take_copies` (`copies.py`); the GPU pool (`block_pool.py`), CPU swap pool (`cpu_pool.py`),
+  prefix cache (`prefix_cache.py`), argument checks (`arguments.py`), invariants (`invariants.py`)
+  and the undo log (`journal.py`) each have their own file, so this one reads like the spec's
+  operations.
+
+Reliability: arguments are checked (and normalised to plain ints: an `int` subclass is read by its
+value) before anything changes, in the spec's error order; then every mutation goes through the
+undo log, so an operation that fails later, for whatever reason (a MemoryError, a bug, a
+`preempt_mode` callback that raises), leaves the state exactly as it was. `tests/impl/
+test_fault_injection.py` raises at every line each operation reaches to hold it to that.
 
 Concurrency: every public method holds one re-entrant lock, so a manager may be shared between
-threads; each call is atomic (and a failed call changes nothing), but a sequence of calls is not.
+threads; each call is a transaction, and `transaction(body)` makes several calls one.
 
-Limits beyond the spec: token ids must fit in int64; `max_seqs` and `max_blocks_per_seq` size the
-preallocated tables, which grow (re-allocating the tensor) if a workload goes beyond them.
+Limits beyond the spec: token ids must fit in int64; `max_seqs` and `max_blocks_per_seq` only
+size the initial row arrays and arena, which grow as a workload needs.
 """
 
 import functools
