@@ -68,6 +68,26 @@ def test_json_option_takes_a_file_or_dash(command, human, tmp_path):
     assert human in to_file.stdout and human not in to_stdout.stdout   # with a file, the human form prints too
 
 
+def test_every_json_option_means_a_file():
+    """One meaning for --json in every command that has it: a FILE, '-' for stdout."""
+    from pagedkv.cli.main import main as group
+
+    def commands(command, prefix=()):
+        if hasattr(command, "commands"):
+            for name, sub in command.commands.items():
+                yield from commands(sub, (*prefix, name))
+        else:
+            yield prefix, command
+
+    found = 0
+    for path, command in commands(group):
+        for param in command.params:
+            if "--json" in getattr(param, "opts", ()):
+                found += 1
+                assert not param.is_flag and param.metavar == "FILE", path
+    assert found >= 6
+
+
 def test_piped_tables_keep_their_lines_whole(monkeypatch):
     """No terminal: a long row stays on one line (not folded at 80 columns, mid-word)."""
     monkeypatch.delenv("COLUMNS", raising=False)
