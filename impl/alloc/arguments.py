@@ -55,8 +55,8 @@ def check_prompt(tokens) -> np.ndarray:
 def check_token_batch(tokens) -> np.ndarray:
     """A batch of tokens as int64: a list of ints, or a 1-d integer numpy array or tensor."""
     if isinstance(tokens, torch.Tensor):
-        require(tokens.dtype in TORCH_INT_DTYPES,
-                f"a token batch is an integer tensor, got {tokens.dtype}")
+        require(_is_integer_array(tokens), f"a token batch is an integer tensor on the CPU or a CUDA device, "
+                                           f"got {tokens.dtype} on {tokens.device}")
         tokens = tokens.detach().cpu().numpy()
     if isinstance(tokens, np.ndarray):
         if not (tokens.ndim == 1 and (_is_integer_array(tokens) or tokens.size == 0)):
@@ -116,8 +116,10 @@ def check_device(device) -> torch.device:
 
 
 def _is_integer_array(array) -> bool:
+    """An integer numpy array, or an integer tensor whose values can be read (on the CPU or a
+    CUDA device: a "meta" tensor has none)."""
     if isinstance(array, torch.Tensor):
-        return array.dtype in TORCH_INT_DTYPES
+        return array.dtype in TORCH_INT_DTYPES and array.device.type in ("cpu", "cuda")
     return array.dtype.kind in "iu"
 
 

@@ -66,14 +66,17 @@ PROMPTS = [None, [], "ab", b"ab", 3, {1: 2}, np.array([1, 2]), torch.tensor([1, 
 SCHEDULER_PROMPTS = [p for p in PROMPTS if not (isinstance(p, list) and p and isinstance(p[0], np.integer))] \
     + [[np.float64(1)], [np.int64(-1)], [np.uint64(2 ** 63)]]
 MODES = [None, "swapp", "SWAP", b"swap", 1, ["swap"], True]
+META = "meta"   # a device whose tensors hold no values
 BATCH_IDS = [None, 1, "12", {1: 1}, [1, 1], [1, None], [True], [1.0], [99], np.array([1.0]),
+             torch.tensor([1, 2], device=META),
              torch.tensor([1.0]), np.array([[1]]), np.array([True]), [1, 2, 1]]
 BATCH_TOKENS = [None, 7, "ab", [1, None], [1.5, 1], [-1, 1], [2 ** 63, 1], [1], [1, 2, 3],
                 np.array([1.0, 2.0]), np.array([[1, 2]]), np.array([1, 2 ** 64 - 1], dtype=np.uint64),
                 torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0], requires_grad=True),
-                torch.tensor([1, 2], dtype=torch.bfloat16), torch.tensor([True, False]), [True, False]]
+                torch.tensor([1, 2], dtype=torch.bfloat16), torch.tensor([True, False]), [True, False],
+                torch.tensor([5, 6], device=META), torch.tensor([[5, 6]])]
 COUNTS = [1.5, "2", True, None, math.nan, math.inf, -1, 10 ** 9, [1], [1, 1, 1], [1.5, 1], [1, None],
-          np.array([1.0, 1.0]), [True, 1]]
+          np.array([1.0, 1.0]), [True, 1], torch.tensor([1, 1], device=META), 2 ** 63]
 STEP_TOKENS = [None, [1], {1: None}, {1: -1}, {None: 1}, {1.0: 1}, {99: 1}, {3: 1}, {True: 1}, {1: 1.5}]
 BLOCKS = [-1, 8, 1.0, True, None, "0", np.int64(0)]
 RUNNING_BATCH = [1, 2]
