@@ -87,6 +87,10 @@ CASES = [
     (lambda f: ["demo", "--new-tokens", "100000"], "'--new-tokens': 100000 is not in the range 1<=x<=64"),
     (lambda f: ["demo", "--only", "nope"], "'nope' is not one of 'mixed'"),
     (lambda f: ["lab", "--lengths", "1,10000000"], "every length must lie in 1..1000000"),
+    # gen-kernel-tests and fuzz
+    (lambda f: ["fuzz", "spec", "--seconds", "nan"], "--seconds must be a number in (0, 2592000], got nan"),
+    (lambda f: ["fuzz", "spec", "--seconds", "inf"], "--seconds must be a number in (0, 2592000], got inf"),
+    (lambda f: ["fuzz", "exiting_subject:factory"], "factory called sys.exit(3)"),
 ]
 
 
@@ -102,8 +106,11 @@ def assert_one_line_usage_error(result, expected: str) -> None:
 @pytest.mark.parametrize("case, expected", CASES, ids=[expected[:40] for _, expected in CASES])
 def test_bad_value_is_a_one_line_usage_error(files, case, expected, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    # A fuzz target whose factory exits the interpreter (found in the working directory).
+    (tmp_path / "exiting_subject.py").write_text("import sys\n\n\ndef factory(**config):\n    sys.exit(3)\n")
+    monkeypatch.delitem(sys.modules, "exiting_subject", raising=False)
     assert_one_line_usage_error(CliRunner().invoke(main, case(files)), expected)
-    assert not (tmp_path / "t.jsonl").exists()   # refused before any work
+    assert not (tmp_path / "t.jsonl").exists() and not (tmp_path / "gen").exists()   # refused before any work
 
 
 FAST = [["simulate", "x.jsonl", "--block-size", "0"], ["simulate", "x.jsonl", "--pool-gib", "1e300"],
@@ -141,3 +148,16 @@ def test_simulate_exits_1_and_says_so_when_every_request_was_rejected(files):
     assert result.exit_code == 1
     assert "requests simulated / rejected" in result.output and "0 / 1" in result.output
     assert "every one of the 1 requests was rejected" in result.output
+
+
+def test_simulate_names_why_some_requests_were_rejected(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival": 0, "prompt_len": 20, "output_len": 4}\n'
+                     '{"arrival": 0, "prompt_len": 300, "output_len": 4}\n'
+                     '{"arrival": 0, "prompt_len": 100, "output_len": 4}\n')
+    # 4 blocks of 16 hold 64 tokens: the 104-token request never fits; 304 tokens exceed max-model-len 256
+    result = CliRunner().invoke(main, ["simulate", str(trace), "--allocator", "paged", "--pool-blocks", "4",
+                                       "--max-model-len", "256"])
+    assert result.exit_code == 0
+    assert "note: paged rejected 2 of 3 requests: 1 longer than --max-model-len 256, 1 larger than the whole pool" \
+        in result.output
