@@ -66,7 +66,7 @@ class TalliedMachine(RuleBasedStateMachine):
         super().__init__()
         self.tally = self.tally if self.tally is not None else Counter()
 
-    def note(self, path: str) -> None:
+    def count(self, path: str) -> None:
         """An interesting path: a Hypothesis event, and counted for the report."""
         event(path)
         self.tally[path] += 1
@@ -79,11 +79,11 @@ class DifferentialMachine(TalliedMachine):
         self.gpu, self.cpu = Renaming("gpu"), Renaming("cpu")
         self.fresh = FreshIds(start=6)   # fresh ids start above the small ids `wrong_ids` uses
         self.tally["examples"] += 1
-        self.note(f"prefix_caching={config['prefix_caching']}")
+        self.count(f"prefix_caching={config['prefix_caching']}")
 
     # -------------------------------------------------------------- driving both
 
-    def both(self, operation, *args):
+    def apply_to_both(self, operation, *args):
         """Apply one operation to both; errors must agree and leave the manager untouched."""
         self.tally["steps"] += 1
         evictions = self.impl.num_evictions()
@@ -100,13 +100,13 @@ class DifferentialMachine(TalliedMachine):
         if isinstance(spec_error, OutOfBlocks):
             assert (spec_error.needed, spec_error.available, spec_error.pool) == \
                    (impl_error.needed, impl_error.available, impl_error.pool), f"{spec_error} vs {impl_error}"
-            self.note(OUT_OF_BLOCKS)
-            self.note(f"{OUT_OF_BLOCKS} ({spec_error.pool})")
+            self.count(OUT_OF_BLOCKS)
+            self.count(f"{OUT_OF_BLOCKS} ({spec_error.pool})")
         if spec_error is not None:
             assert self.observables() == before, f"failed {operation}{args} changed the manager"
-            self.note(f"error {type(spec_error).__name__}")
+            self.count(f"error {type(spec_error).__name__}")
         if self.impl.num_evictions() > evictions:
-            self.note(EVICTION)
+            self.count(EVICTION)
         return spec_error is None, spec_result, impl_result
 
     def match_copies(self, spec_copies, impl_copies, src: Renaming, dst: Renaming) -> None:
@@ -127,11 +127,11 @@ class DifferentialMachine(TalliedMachine):
 
     @rule(data=st.data(), tokens=prompts)
     def add(self, data, tokens):
-        ok, spec_cached, impl_cached = self.both("add", self.fresh(), tokens)
+        ok, spec_cached, impl_cached = self.apply_to_both("add", self.fresh(), tokens)
         if ok:
             assert spec_cached == impl_cached, f"cached tokens {spec_cached} vs {impl_cached}"
             if spec_cached:
-                self.note(CACHE_HIT)
+                self.count(CACHE_HIT)
 
     @precondition(lambda self: self.ids(RUNNING.__eq__))
     @rule(data=st.data(), token=tokens_st)
@@ -139,42 +139,42 @@ class DifferentialMachine(TalliedMachine):
         self.write(self.pick(data, RUNNING.__eq__), token)
 
     def write(self, seq_id, token):
-        ok, spec_copies, impl_copies = self.both("append", seq_id, token)
+        ok, spec_copies, impl_copies = self.apply_to_both("append", seq_id, token)
         if ok:
             self.match_copies(spec_copies, impl_copies, self.gpu, self.gpu)
             if spec_copies:
-                self.note(COW)
+                self.count(COW)
 
     @precondition(lambda self: self.ids(RUNNING.__eq__))
     @rule(data=st.data())
     def fork(self, data):
-        self.both("fork", self.pick(data, RUNNING.__eq__), self.fresh())
+        self.apply_to_both("fork", self.pick(data, RUNNING.__eq__), self.fresh())
 
     @precondition(lambda self: self.ids(RUNNING.__eq__))
     @rule(data=st.data(), token=tokens_st)
     def fork_and_write(self, data, token):
         """A sampled sibling writes at once: copy-on-write when the shared tail is partly full."""
         child = self.fresh()
-        if self.both("fork", self.pick(data, RUNNING.__eq__), child)[0]:
+        if self.apply_to_both("fork", self.pick(data, RUNNING.__eq__), child)[0]:
             self.write(child, token)
 
     @precondition(lambda self: self.ids())
     @rule(data=st.data())
     def free(self, data):
-        self.both("free", self.pick(data))
+        self.apply_to_both("free", self.pick(data))
 
     @precondition(lambda self: self.ids(RUNNING.__eq__))
     @rule(data=st.data(), mode=st.sampled_from(["recompute", "swap"]))
     def preempt(self, data, mode):
-        ok, spec_copies, impl_copies = self.both("preempt", self.pick(data, RUNNING.__eq__), mode)
+        ok, spec_copies, impl_copies = self.apply_to_both("preempt", self.pick(data, RUNNING.__eq__), mode)
         if ok:
             self.match_copies(spec_copies, impl_copies, self.gpu, self.cpu)
-            self.note(f"preempt {mode}")
+            self.count(f"preempt {mode}")
 
     @precondition(lambda self: self.ids(RUNNING.__eq__))
     @rule(data=st.data())
     def swap_out(self, data):
-        ok, spec_copies, impl_copies = self.both("swap_out", self.pick(data, RUNNING.__eq__))
+        ok, spec_copies, impl_copies = self.apply_to_both("swap_out", self.pick(data, RUNNING.__eq__))
         if ok:
             self.match_copies(spec_copies, impl_copies, self.gpu, self.cpu)
 
@@ -182,21 +182,21 @@ class DifferentialMachine(TalliedMachine):
     @rule(data=st.data(), swap_only=st.booleans())
     def resume(self, data, swap_only):
         operation = "swap_in" if swap_only else "resume"
-        ok, spec_copies, impl_copies = self.both(operation, self.pick(data, RUNNING.__ne__))
+        ok, spec_copies, impl_copies = self.apply_to_both(operation, self.pick(data, RUNNING.__ne__))
         if ok:
             self.match_copies(spec_copies, impl_copies, self.cpu, self.gpu)
-            self.note("resume swapped" if spec_copies else "resume waiting")
+            self.count("resume swapped" if spec_copies else "resume waiting")
 
     @rule(data=st.data())
     def step(self, data):
         tokens = data.draw(st.dictionaries(st.sampled_from(self.ids(RUNNING.__eq__) or [99]), tokens_st))
-        ok, spec_result, impl_result = self.both("step", tokens)
+        ok, spec_result, impl_result = self.apply_to_both("step", tokens)
         if ok:
             assert spec_result.appended == impl_result.appended, f"{spec_result} vs {impl_result}"
             assert spec_result.preempted == impl_result.preempted, f"{spec_result} vs {impl_result}"
             self.match_copies(spec_result.copies, impl_result.copies, self.gpu, self.gpu)
             if spec_result.preempted:
-                self.note("step preempted")
+                self.count("step preempted")
 
     @precondition(lambda self: self.ids(RUNNING.__eq__))
     @rule(data=st.data())
@@ -217,12 +217,12 @@ class DifferentialMachine(TalliedMachine):
         except OutOfBlocks:
             assert spec_copies is None, "batch refused although one-at-a-time appends fit"
             assert self.observables() == before, "a refused batch changed the manager"
-            self.note("batch refused")
+            self.count("batch refused")
             return
         assert spec_copies is not None, "batch accepted although one-at-a-time appends run out"
         self.spec = trial
         self.match_copies(spec_copies, impl_copies, self.gpu, self.gpu)
-        self.note(f"batch of {min(len(seq_ids), 3)}{'+' if len(seq_ids) > 3 else ''}")
+        self.count(f"batch of {min(len(seq_ids), 3)}{'+' if len(seq_ids) > 3 else ''}")
 
     @rule(data=st.data(), operation=st.sampled_from(["add", "append", "fork", "free", "preempt",
                                                        "resume", "swap_in", "swap_out"]))
@@ -230,7 +230,7 @@ class DifferentialMachine(TalliedMachine):
         """Unknown or duplicate ids: any small id, existing or not."""
         seq_id = data.draw(seq_ids_st, label="seq_id")
         args = {"add": (seq_id, [1]), "append": (seq_id, 1), "fork": (seq_id, self.fresh())}
-        self.both(operation, *args.get(operation, (seq_id,)))
+        self.apply_to_both(operation, *args.get(operation, (seq_id,)))
 
     @rule(seq_id=seq_ids_st, bad=st.sampled_from([("append", -1), ("append", True), ("append", 1.5),
                                                    ("add", []), ("add", [3, -1]), ("add", "ab"),
@@ -238,7 +238,7 @@ class DifferentialMachine(TalliedMachine):
                                                    ("refcount", -1), ("refcount", 99), ("refcount", 1.0)]))
     def bad_argument(self, seq_id, bad):
         operation, argument = bad
-        self.both(operation, *((argument,) if operation == "refcount" else (seq_id, argument)))
+        self.apply_to_both(operation, *((argument,) if operation == "refcount" else (seq_id, argument)))
 
     # -------------------------------------------------------------- comparing
 
@@ -312,7 +312,7 @@ class SchedulerMachine(TalliedMachine):
             try:
                 self.scheduler.add_request(len(self.prompt_of), prompt, max_new_tokens, n)
             except InvalidArgument:
-                self.note("scheduler refused")
+                self.count("scheduler refused")
                 return
             raise AssertionError(f"a prompt of {len(prompt)} tokens that can never fit was queued")
         for seq_id in self.scheduler.add_request(len(self.prompt_of), prompt, max_new_tokens, n):
@@ -328,17 +328,17 @@ class SchedulerMachine(TalliedMachine):
         assert out.preempted == result.preempted, f"victims {out.preempted} vs spec {result.preempted}"
         assert out.decodes == result.appended, f"decodes {out.decodes} vs spec {result.appended}"
         if out.preempted:
-            self.note("scheduler preempted")
+            self.count("scheduler preempted")
         for seq_id in out.aborted:            # outgrew the whole pool: freed, never resumed
             assert self.spec.status(seq_id) != RUNNING
             self.spec.free(seq_id)
-            self.note("scheduler aborted")
+            self.count("scheduler aborted")
         for prefill in out.prefills:
             seq_id = prefill.seq_id
             if seq_id in self.spec.seqs:      # a recompute victim: re-prefill plus its pending token
                 self.spec.resume(seq_id)
                 self.spec.append(seq_id, pending[seq_id])
-                self.note("scheduler resumed")
+                self.count("scheduler resumed")
             else:
                 assert self.spec.add(seq_id, self.prompt_of[seq_id]) == prefill.num_cached_tokens
             assert self.spec.cached_tokens(seq_id) == prefill.num_cached_tokens
@@ -353,7 +353,7 @@ class SchedulerMachine(TalliedMachine):
         sampled = {s: data.draw(tokens_st, label="token") for s in out.seq_ids + list(out.forked)}
         for seq_id in self.scheduler.update(sampled):
             self.spec.free(seq_id)
-            self.note("scheduler finished")
+            self.count("scheduler finished")
         self.bm.check()
 
 

@@ -35,8 +35,8 @@ from pagedkv.spec import (KV, DuplicateSequence, InvalidState, KVSpec, OutOfBloc
 
 from .guard import SubjectFault
 from .oracles import OracleFailure, failure_class
-from .strategies import (CACHE_HIT, COW, EVICTION, OUT_OF_BLOCKS, SWAP, FreshIds, note, pool_configs, record_event,
-                         token_lists as byte_token_lists, tokens)
+from .strategies import (CACHE_HIT, COW, EVICTION, OUT_OF_BLOCKS, SWAP, FreshIds, count_path, pool_configs,
+                         record_event, token_lists as byte_token_lists, tokens)
 
 PROTOCOL = ("add", "append", "fork", "free", "block_table", "num_free_blocks")
 SWAP_PROTOCOL = ("swap_out", "swap_in")
@@ -70,7 +70,7 @@ def format_step(op: str, args: tuple, result=None, error=None) -> str:
     return f"{op}({call}) -> {outcome}"
 
 
-def _attempt(target, op: str, args: tuple):
+def _outcome(target, op: str, args: tuple):
     """(result, error) of one call; only pagedkv errors count as errors, anything else propagates."""
     try:
         return getattr(target, op)(*args), None
@@ -91,8 +91,8 @@ class SpecJudge:
 
     def before(self, op: str, args: tuple) -> None:
         cached = self.shadow.cached_blocks()
-        self.result, self.error = _attempt(self.shadow, op, args)
-        note(self.kv.tally, EVICTION, cached.items() - self.shadow.cached_blocks().items())  # only eviction unindexes
+        self.result, self.error = _outcome(self.shadow, op, args)
+        count_path(self.kv.tally, EVICTION, cached.items() - self.shadow.cached_blocks().items())  # only eviction unindexes
 
     def check_error(self, op: str, args: tuple, before: dict, actual) -> None:
         expected = self.error
@@ -228,7 +228,7 @@ class AnyJudge:
         kv, kind = self.kv, type(actual) if actual is not None else None
         said = f"due: {_named(must)}{f' (may: {_named(may)})' if may else ''}; subject raises {_named({kind} if kind else set())}"
         if kind is not None and kind in allowed:
-            note(kv.tally, "oom_conservative", kind is OutOfBlocks and not self.oom_needed(op, args, before, must))
+            count_path(kv.tally, "oom_conservative", kind is OutOfBlocks and not self.oom_needed(op, args, before, must))
             return
         if kind is None and not must:
             self.check_accounting(op, args, before)
@@ -284,7 +284,7 @@ class AnyJudge:
             content = self.claim.pop(block, None)
             if content is not None and self.newest.get(content) == block:
                 del self.newest[content]
-                note(self.kv.tally, EVICTION, block not in live_before)   # a released cached block, reused
+                count_path(self.kv.tally, EVICTION, block not in live_before)   # a released cached block, reused
 
     def filled(self, block: int, content: tuple) -> None:
         if self.kv.config["prefix_caching"]:
@@ -345,17 +345,17 @@ class Conformance:
                            for seq in self.running()},
                 "free": self._guarded(self.subject.num_free_blocks, "num_free_blocks")}
 
-    def call(self, op: str, *args):
+    def run_step(self, op: str, *args):
         """Run `op` on the subject, judge its error. Returns (ok, result, before)."""
         self.program.append((op, args))
         self.tally["steps"] += 1
         self.judge.before(op, args)
         before = self.observe()
-        result, error = self._guarded(lambda: _attempt(self.subject, op, args), op)
+        result, error = self._guarded(lambda: _outcome(self.subject, op, args), op)
         self.trace.append(format_step(op, args, result, error))
         self.judge.check_error(op, args, before, error)
         if error is not None:
-            note(self.tally, OUT_OF_BLOCKS, isinstance(error, OutOfBlocks))
+            count_path(self.tally, OUT_OF_BLOCKS, isinstance(error, OutOfBlocks))
             after = self.observe()
             self.expect(after == before, "atomic_failure",
                         lambda: f"{op} raised {type(error).__name__} but changed the state: {before} -> {after}")
@@ -385,18 +385,18 @@ class Conformance:
     # ------------------------------------------------------------------ operations
 
     def add(self, seq: int, tokens: list) -> None:
-        ok, cached, before = self.call("add", seq, tokens)
+        ok, cached, before = self.run_step("add", seq, tokens)
         if not ok:
             return
         self.tokens[seq] = list(tokens)
         self.judge.check_cached(seq, tokens, cached, lambda: self.table(seq))
-        note(self.tally, CACHE_HIT, cached)
+        count_path(self.tally, CACHE_HIT, cached)
         table = self.table(seq)
         self.judge.handed_out(table[cached // self.B:], self.live(before))
         self.write(seq, table, range(cached, len(tokens)))
 
     def append(self, seq: int, token: int) -> None:
-        ok, copies, before = self.call("append", seq, token)
+        ok, copies, before = self.run_step("append", seq, token)
         if not ok:
             return
         old, position = before["tables"][seq], len(self.tokens[seq])
@@ -404,35 +404,35 @@ class Conformance:
         new = self.table(seq)
         self.check_copies(seq, old, new, position, [tuple(pair) for pair in copies], before["tables"])
         self.copy(self.gpu, self.gpu, copies)
-        note(self.tally, COW, copies)
+        count_path(self.tally, COW, copies)
         self.judge.handed_out([block for block in new if block not in old], self.live(before))
         self.write(seq, new, [position])
 
     def fork(self, parent: int, child: int) -> None:
-        ok, *_ = self.call("fork", parent, child)
+        ok, *_ = self.run_step("fork", parent, child)
         if ok:
             self.tokens[child] = list(self.tokens[parent])
             self.table(child)
 
     def free(self, seq: int) -> None:
-        ok, *_ = self.call("free", seq)
+        ok, *_ = self.run_step("free", seq)
         if ok:
             del self.tokens[seq]
             self.cpu_tables.pop(seq, None)
 
     def block_table(self, seq: int) -> None:
-        self.call("block_table", seq)
+        self.run_step("block_table", seq)
 
     def swap_out(self, seq: int) -> None:
-        ok, copies, _ = self.call("swap_out", seq)
+        ok, copies, _ = self.run_step("swap_out", seq)
         if ok:
             self.cpu_tables[seq] = [cpu for _, cpu in copies]
             self.check_ids(seq, self.cpu_tables[seq], self.config["num_cpu_blocks"], "cpu")
             self.copy(self.gpu, self.cpu, copies)
-            note(self.tally, SWAP)
+            count_path(self.tally, SWAP)
 
     def swap_in(self, seq: int) -> None:
-        ok, copies, before = self.call("swap_in", seq)
+        ok, copies, before = self.run_step("swap_in", seq)
         if ok:
             del self.cpu_tables[seq]
             table = self.table(seq)
@@ -441,7 +441,7 @@ class Conformance:
             tokens = self.tokens[seq]
             for j in range(len(tokens) // self.B):
                 self.judge.filled(table[j], tuple(tokens[:(j + 1) * self.B]))
-            note(self.tally, SWAP)
+            count_path(self.tally, SWAP)
 
     # ------------------------------------------------------------------ ghost memory
 

@@ -42,7 +42,7 @@ from .kernel_kit.protocol import Requirement, load_kernel, skip_reason
 from .profiles import EFFORT, kernel_settings_for, settings_for
 from .spec_machine import ALPHABET, SHARED_PREFIXES, tokens_st
 from .strategies import (CACHE_HIT, COW, RECOMPUTE, RESUME, SCHEDULER_STEP, STEP_PREEMPT, SWAP, FreshIds,
-                         bind, note, summary, pool_configs, prompts)
+                         bind, count_path, summary, pool_configs, prompts)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 #: The smallest GQA shape worth having: one KV head shared by a group of 3 (not a power of two).
@@ -154,7 +154,7 @@ class KernelMachine(RuleBasedStateMachine):
 
     # -------------------------------------------------------------- engine side of an operation
 
-    def attempt(self, operation, *args):
+    def run_on_engine(self, operation, *args):
         """Run one manager operation and, if it succeeds, the copies and NaN fill it calls for."""
         self.tally["steps"] += 1
         try:
@@ -174,8 +174,8 @@ class KernelMachine(RuleBasedStateMachine):
         if keys:
             self.cache.write(self.bm.slot_mapping(seq_ids, counts) if slots is None else slots, keys)
 
-    def note(self, path: str, taken) -> None:
-        note(self.tally, path, bool(taken))
+    def count(self, path: str, taken) -> None:
+        count_path(self.tally, path, bool(taken))
 
     def by_hand(self) -> bool:
         return self.scheduler is None
@@ -192,12 +192,12 @@ class KernelMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def add(self, data):
         prompt, seq_id = data.draw(self.limits.prompts(), label="prompt"), self.fresh()
-        ok, cached = self.attempt("add", seq_id, prompt)
+        ok, cached = self.run_on_engine("add", seq_id, prompt)
         if ok:
             self.tokens[seq_id] = list(prompt)
             self.compute([seq_id], [len(prompt) - cached])
             self.prefill[seq_id] = len(prompt) - cached
-            self.note(CACHE_HIT, cached)
+            self.count(CACHE_HIT, cached)
 
     @precondition(lambda self: self.by_hand() and self.running())
     @rule(data=st.data(), token=tokens_st)
@@ -205,11 +205,11 @@ class KernelMachine(RuleBasedStateMachine):
         self.append_to(data.draw(st.sampled_from(self.running()), label="seq"), token)
 
     def append_to(self, seq_id, token):
-        ok, copies = self.attempt("append", seq_id, token)
+        ok, copies = self.run_on_engine("append", seq_id, token)
         if ok:
             self.tokens[seq_id].append(token)
             self.compute([seq_id], [1])
-            self.note(COW, copies)
+            self.count(COW, copies)
 
     @precondition(lambda self: self.by_hand() and self.running())
     @rule(data=st.data(), diverge=st.none() | st.tuples(tokens_st, tokens_st))
@@ -217,7 +217,7 @@ class KernelMachine(RuleBasedStateMachine):
         """Fork a running sequence; with `diverge`, parent and child each decode a token at once
         (sampling in parallel: a shared partial tail is copied on write)."""
         parent, child = data.draw(st.sampled_from(self.running()), label="parent"), self.fresh()
-        ok, _ = self.attempt("fork", parent, child)
+        ok, _ = self.run_on_engine("fork", parent, child)
         if ok:
             self.tokens[child] = list(self.tokens[parent])
             if diverge:
@@ -228,7 +228,7 @@ class KernelMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def free(self, data):
         seq_id = data.draw(st.sampled_from(sorted(self.tokens)), label="seq")
-        ok, _ = self.attempt("free", seq_id)
+        ok, _ = self.run_on_engine("free", seq_id)
         if ok:
             del self.tokens[seq_id]
             self.prefill.pop(seq_id, None)
@@ -236,8 +236,8 @@ class KernelMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.by_hand() and self.running())
     @rule(data=st.data(), mode=st.sampled_from(["recompute", "swap"]))
     def preempt(self, data, mode):
-        ok, _ = self.attempt("preempt", data.draw(st.sampled_from(self.running()), label="seq"), mode)
-        self.note(SWAP if mode == "swap" else RECOMPUTE, ok)
+        ok, _ = self.run_on_engine("preempt", data.draw(st.sampled_from(self.running()), label="seq"), mode)
+        self.count(SWAP if mode == "swap" else RECOMPUTE, ok)
 
     @precondition(lambda self: self.by_hand() and self.paused())
     @rule(data=st.data())
@@ -246,25 +246,25 @@ class KernelMachine(RuleBasedStateMachine):
         and prefill over the whole sequence checks them."""
         seq_id = data.draw(st.sampled_from(self.paused()), label="seq")
         swapped = self.bm.status(seq_id) == "swapped"
-        ok, _ = self.attempt("resume", seq_id)
+        ok, _ = self.run_on_engine("resume", seq_id)
         if ok:
             computed = 0 if swapped else len(self.tokens[seq_id]) - self.bm.cached_tokens(seq_id)
             self.compute([seq_id], [computed])
             self.prefill[seq_id] = len(self.tokens[seq_id]) if swapped else computed
-            self.note(RESUME, True)
+            self.count(RESUME, True)
 
     @precondition(lambda self: self.by_hand() and self.running())
     @rule(data=st.data())
     def step(self, data):
         batch = data.draw(st.lists(st.sampled_from(self.running()), min_size=1, unique=True), label="batch")
         tokens = {seq_id: data.draw(tokens_st, label="token") for seq_id in batch}
-        ok, result = self.attempt("step", tokens)
+        ok, result = self.run_on_engine("step", tokens)
         assert ok, f"step must not fail on running sequences: {result!r}"
         for seq_id in result.appended:
             self.tokens[seq_id].append(tokens[seq_id])
         self.compute(result.appended, [1] * len(result.appended))
-        self.note(STEP_PREEMPT, result.preempted)
-        self.note(COW, result.copies)
+        self.count(STEP_PREEMPT, result.preempted)
+        self.count(COW, result.copies)
 
     # -------------------------------------------------------------- the scheduler drives
 
@@ -292,11 +292,11 @@ class KernelMachine(RuleBasedStateMachine):
             seq_id = prefill.seq_id
             if seq_id in self.tokens:
                 self.tokens[seq_id].append(self.sampled.pop(seq_id))
-                self.note(RESUME, True)
+                self.count(RESUME, True)
             else:
                 self.tokens[seq_id] = list(self.prompts.pop(seq_id))
             self.prefill[seq_id] = prefill.num_computed_tokens
-            self.note(CACHE_HIT, prefill.num_cached_tokens)
+            self.count(CACHE_HIT, prefill.num_cached_tokens)
         for child, parent in out.forked.items():
             self.tokens[child] = list(self.tokens[parent])
             del self.prompts[child]
@@ -314,12 +314,12 @@ class KernelMachine(RuleBasedStateMachine):
         self.sampled.update((s, t) for s, t in sampled.items() if s not in finished)
         self.cache.poison(*free_blocks(self.bm))
         self.changed = bool(ran or out.preempted or out.swapped_out or out.aborted)
-        self.note(SCHEDULER_STEP, ran)
-        self.note(STEP_PREEMPT, out.preempted or out.swapped_out)
-        self.note(SWAP, out.swapped_out)
-        self.note(RECOMPUTE, out.preempted)
-        self.note(RESUME, out.swapped_in)
-        self.note(COW, len(out.copies.cow))
+        self.count(SCHEDULER_STEP, ran)
+        self.count(STEP_PREEMPT, out.preempted or out.swapped_out)
+        self.count(SWAP, out.swapped_out)
+        self.count(RECOMPUTE, out.preempted)
+        self.count(RESUME, out.swapped_in)
+        self.count(COW, len(out.copies.cow))
 
     # -------------------------------------------------------------- checks
 

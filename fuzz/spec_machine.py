@@ -17,7 +17,7 @@ from pagedkv.spec import DuplicateSequence, KVSpec, OutOfBlocks, PagedKVError
 
 from .profiles import settings_for
 from .strategies import (CACHE_HIT, COW, EVICTION, OUT_OF_BLOCKS, RECOMPUTE, STEP_PREEMPT, SWAP, FreshIds,
-                         bind, note, summary, pool_configs, prompts as prompt_strategy, tokens)
+                         bind, count_path, summary, pool_configs, prompts as prompt_strategy, tokens)
 
 #: Paths the CI profile must reach; `run_spec_check` reports how often each was taken.
 PATHS = (COW, EVICTION, CACHE_HIT, OUT_OF_BLOCKS, SWAP, RECOMPUTE, STEP_PREEMPT)
@@ -49,7 +49,7 @@ class SpecMachine(RuleBasedStateMachine):
 
     # -------------------------------------------------------------- helpers
 
-    def attempt(self, operation, *args):
+    def run_checked(self, operation, *args):
         """Run one operation; on a typed error require the state untouched. Returns (ok, result)."""
         self.tally["steps"] += 1
         before = self.kv.snapshot()
@@ -58,10 +58,10 @@ class SpecMachine(RuleBasedStateMachine):
             result = getattr(self.kv, operation)(*args)
         except PagedKVError as error:
             assert self.kv.snapshot() == before, f"failed {operation}{args} changed the state"
-            note(self.tally, OUT_OF_BLOCKS, isinstance(error, OutOfBlocks))
+            count_path(self.tally, OUT_OF_BLOCKS, isinstance(error, OutOfBlocks))
             event(f"{operation} -> {type(error).__name__}")
             return False, error
-        note(self.tally, EVICTION, indexed_before.items() - self.kv.cached_blocks().items())  # only eviction unindexes
+        count_path(self.tally, EVICTION, indexed_before.items() - self.kv.cached_blocks().items())  # only eviction unindexes
         event(f"{operation} ok")
         return True, result
 
@@ -73,16 +73,16 @@ class SpecMachine(RuleBasedStateMachine):
     @rule(target=seq_ids, prompt=prompts)
     def add(self, prompt):
         seq_id = self.new_id()
-        ok, cached = self.attempt("add", seq_id, prompt)
+        ok, cached = self.run_checked("add", seq_id, prompt)
         if ok and cached:
-            note(self.tally, CACHE_HIT)
+            count_path(self.tally, CACHE_HIT)
         return seq_id
 
     @rule(seq_id=seq_ids, token=tokens_st)
     def append(self, seq_id, token):
-        ok, copies = self.attempt("append", seq_id, token)
+        ok, copies = self.run_checked("append", seq_id, token)
         if ok and copies:
-            note(self.tally, COW)
+            count_path(self.tally, COW)
 
     @precondition(lambda self: self.running())
     @rule(data=st.data(), tokens=st.lists(tokens_st, min_size=1, max_size=3))
@@ -105,41 +105,41 @@ class SpecMachine(RuleBasedStateMachine):
     @rule(target=seq_ids, parent=seq_ids)
     def fork(self, parent):
         child = self.new_id()
-        self.attempt("fork", parent, child)
+        self.run_checked("fork", parent, child)
         return child
 
     @rule(seq_id=seq_ids)
     def free(self, seq_id):
-        self.attempt("free", seq_id)
+        self.run_checked("free", seq_id)
 
     @rule(seq_id=seq_ids, mode=st.sampled_from(["recompute", "swap"]))
     def preempt(self, seq_id, mode):
-        ok, _ = self.attempt("preempt", seq_id, mode)
+        ok, _ = self.run_checked("preempt", seq_id, mode)
         if ok:
-            note(self.tally, SWAP if mode == "swap" else RECOMPUTE)
+            count_path(self.tally, SWAP if mode == "swap" else RECOMPUTE)
 
     @rule(seq_id=seq_ids)
     def resume(self, seq_id):
-        self.attempt("resume", seq_id)
+        self.run_checked("resume", seq_id)
 
     @precondition(lambda self: self.running())
     @rule(data=st.data())
     def step(self, data):
         batch = data.draw(st.lists(st.sampled_from(self.running()), unique=True))
         tokens = {seq_id: data.draw(tokens_st) for seq_id in batch}
-        ok, result = self.attempt("step", tokens)
+        ok, result = self.run_checked("step", tokens)
         assert ok, f"step must not fail on running sequences: {result!r}"
         if result.preempted:
-            note(self.tally, STEP_PREEMPT)
+            count_path(self.tally, STEP_PREEMPT)
         if result.copies:
-            note(self.tally, COW)
+            count_path(self.tally, COW)
 
     # -------------------------------------------------------------- bad inputs
 
     @rule(seq_id=seq_ids, prompt=prompts)
     def add_existing_id(self, seq_id, prompt):
         exists = seq_id in self.kv.seq_ids()
-        ok, error = self.attempt("add", seq_id, prompt)
+        ok, error = self.run_checked("add", seq_id, prompt)
         if exists:
             assert isinstance(error, DuplicateSequence), f"add of existing id gave {error!r}"
 
@@ -157,7 +157,7 @@ class SpecMachine(RuleBasedStateMachine):
             ("append", ghost, 1), ("free", ghost), ("fork", ghost, ghost + 1), ("preempt", ghost, "swap"),
             ("resume", ghost), ("step", {ghost: 1}),
         ]))
-        ok, _ = self.attempt(operation, *args)
+        ok, _ = self.run_checked(operation, *args)
         assert not ok, f"{operation}{tuple(args)} should have failed"
 
     # -------------------------------------------------------------- invariants

@@ -30,7 +30,7 @@ SCHEDULER_STEP = "scheduler_step"  # the Scheduler ran a step with work in it
 PATHS = (COW, EVICTION, CACHE_HIT, OUT_OF_BLOCKS, SWAP, RECOMPUTE, STEP_PREEMPT, RESUME, SCHEDULER_STEP)
 
 
-def note(tally: Counter, path: str, taken=True) -> None:
+def count_path(tally: Counter, path: str, taken=True) -> None:
     """Count `path` in a run's tally (a Counter of examples, steps and paths) when it was `taken`, and
     record it as a Hypothesis event inside a test (`--hypothesis-show-statistics` shows it)."""
     if taken:

@@ -2,7 +2,7 @@
 
 Read `kvspec.py` first: it explains PagedAttention's bookkeeping and states every operation.
 """
-from .blocks import KV, blocks_needed, chain_hash, expected_slots, prefix_hashes, slot_of
+from .blocks import KV, blocks_needed, expected_slots, slot_of
 from .errors import (DuplicateSequence, InvalidArgument, InvalidState, InvariantViolation,
                      OutOfBlocks, PagedKVError, UnknownSequence)
 from .invariants import INVARIANTS, violations
@@ -10,7 +10,7 @@ from .kvspec import PREEMPT_MODES, RUNNING, SWAPPED, WAITING, KVSpec, StepResult
 
 __all__ = [
     "KVSpec", "StepResult", "KV", "RUNNING", "WAITING", "SWAPPED", "PREEMPT_MODES",
-    "blocks_needed", "slot_of", "chain_hash", "prefix_hashes", "expected_slots",
+    "blocks_needed", "slot_of", "expected_slots",
     "INVARIANTS", "violations",
     "PagedKVError", "OutOfBlocks", "UnknownSequence", "DuplicateSequence", "InvalidState",
     "InvalidArgument", "InvariantViolation",

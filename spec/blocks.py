@@ -1,7 +1,7 @@
 """Pure helpers of paged KV bookkeeping, with contracts in their docstrings that CrossHair checks.
 The production allocator calls `blocks_needed` itself, so the proved function is the one it runs."""
 
-from typing import NamedTuple, Optional, Sequence
+from typing import NamedTuple, Sequence
 
 
 class KV(NamedTuple):
@@ -36,30 +36,6 @@ def slot_of(block_table: Sequence[int], position: int, block_size: int) -> int:
     post: __return__ % block_size == position % block_size
     """
     return block_table[position // block_size] * block_size + position % block_size
-
-
-def chain_hash(parent_hash: Optional[int], block_tokens: tuple) -> int:
-    """Hash of a full block, chained to the hash of the block before it (None for the first).
-
-    Chaining makes the hash name the whole prefix, not just this block's tokens. Python hashes
-    tuples of ints deterministically (PYTHONHASHSEED only salts str and bytes). Hits are still
-    confirmed by content, so a collision costs a miss, never a wrong read.
-    """
-    return hash((parent_hash, block_tokens))
-
-
-def prefix_hashes(tokens: Sequence[int], block_size: int, num_blocks: int) -> list:
-    """Chained hashes of the first `num_blocks` full blocks of `tokens`.
-
-    pre: block_size >= 1
-    pre: 0 <= num_blocks <= len(tokens) // block_size
-    post: len(__return__) == num_blocks
-    """
-    hashes, parent = [], None
-    for j in range(num_blocks):
-        parent = chain_hash(parent, tuple(tokens[j * block_size:(j + 1) * block_size]))
-        hashes.append(parent)
-    return hashes
 
 
 def expected_slots(tokens: Sequence[int], start: int, stop: int) -> list:

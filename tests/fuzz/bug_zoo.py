@@ -11,7 +11,13 @@ a correct manager with other free choices than the spec's, which passes policy `
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass
 
-from pagedkv.spec import DuplicateSequence, OutOfBlocks, UnknownSequence, blocks_needed, chain_hash
+from pagedkv.spec import DuplicateSequence, OutOfBlocks, UnknownSequence, blocks_needed
+
+
+def chain_hash(parent_hash: int, block_tokens: tuple) -> int:
+    """A production-style chained block hash. The first block chains to 0, not None: hash(None)
+    varies between processes before Python 3.12, and the zoo must behave alike on every worker."""
+    return hash((parent_hash, block_tokens))
 
 
 @dataclass
@@ -150,7 +156,7 @@ class Reference:
         return chain_hash(parent, block_tokens)
 
     def _hashes(self, tokens, count):
-        hashes, parent = [], None
+        hashes, parent = [], 0
         for j in range(count):
             parent = self._hash(parent, tuple(tokens[j * self.B:(j + 1) * self.B]))
             hashes.append(parent)
@@ -227,7 +233,7 @@ class HashNotChained(Reference):
     """Block hashes not chained to their parent: equal blocks after different prefixes collide."""
 
     def _hash(self, parent, block_tokens):
-        return chain_hash(None, block_tokens)
+        return chain_hash(0, block_tokens)
 
 
 class UnconfirmedWeakHash(Reference):

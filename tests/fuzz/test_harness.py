@@ -140,8 +140,11 @@ def test_a_spurious_refusal_is_oom_exact_unless_conservative_admission_is_declar
 def test_hits_are_checked_against_the_content_they_claim():
     """A weak hash that serves another prompt's block: `any` names the block and what it holds."""
     config = dict(CONFIG, num_blocks=6, num_cpu_blocks=0)
+    weak = bug_zoo.UnconfirmedWeakHash(6, 2)
+    other = next([a, b] for a in range(8) for b in range(8)
+                 if [a, b] != [0, 1] and weak._hash(0, (a, b)) == weak._hash(0, (0, 1)))
     with pytest.raises(OracleFailure) as caught:
-        replay(bug_zoo.UnconfirmedWeakHash, config, [("add", (1, [0, 1, 2])), ("add", (2, [0, 2, 2]))],
+        replay(bug_zoo.UnconfirmedWeakHash, config, [("add", (1, [0, 1, 2])), ("add", (2, other + [2]))],
                policy="any")
     assert caught.value.oracle == "cache_hit" and "holds" in caught.value.message
 
