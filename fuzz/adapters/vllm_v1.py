@@ -19,8 +19,8 @@ drives it:
 vLLM reserves block 0 as its null block, so the pool is made with `num_blocks + 1` blocks and every id
 is shifted down by one: the protocol sees `0..num_blocks-1`. Sequence ids and their errors
 (`UnknownSequence`, `DuplicateSequence`) are the scheduler's bookkeeping, kept here. vLLM has no
-fork or swap (v1 preempts by recompute), so `capabilities` declares only `prefix_caching`, on or off
-as drawn (`enable_caching`).
+fork or swap (v1 preempts by recompute), so `capabilities` declares `prefix_caching`, on or off as
+drawn (`enable_caching`), and `complete_cache` (released blocks serve until handed out again).
 
 vLLM is imported normally when it is installed at the pinned version; otherwise its wheel is
 installed into pagedkv's wheel cache (`wheels.install`) and only the modules under test are loaded,
@@ -147,7 +147,9 @@ def engine(version: str = VERSION):
 class VllmV1Subject:
     """One vLLM v1 `KVCacheManager` and the requests a scheduler would hold, as a protocol subject."""
 
-    capabilities = frozenset({"prefix_caching"})
+    #: complete_cache: vLLM evicts lazily (a released cached block keeps its index entry until the
+    #: free queue hands it out), so a released block's content serves its prefix until then.
+    capabilities = frozenset({"prefix_caching", "complete_cache"})
     config_space = CONFIG_SPACE
 
     def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = False,

@@ -48,7 +48,7 @@ def test_the_real_manager_is_driven_and_vllm_stays_out_of_sys_modules():
 
 def test_target_resolves_with_its_declarations():
     subject = resolve("vllm")
-    assert subject.capabilities == frozenset({"prefix_caching"})
+    assert subject.capabilities == frozenset({"prefix_caching", "complete_cache"})
     assert subject.factory.config_space == {"block_sizes": tuple(range(1, 17)), "prefix_caching": (True, False)}
 
 
@@ -179,7 +179,23 @@ def hit_over_whole_prompt(**config):
     return subject
 
 
-for _bug in (missing_ref_on_hit, hash_kept_after_eviction, leaked_block_on_free, hit_over_whole_prompt):
+def forgets_released_blocks(**config):
+    """Every released block's hash is dropped at once (BlockPool.free_blocks): no hit across requests."""
+    subject = vllm_v1.make(**config)
+    pool, free_blocks = subject.manager.block_pool, subject.manager.block_pool.free_blocks
+
+    def free_and_forget(ordered):
+        ordered = list(ordered)
+        free_blocks(ordered)
+        for block in ordered:
+            if block.ref_cnt == 0:
+                pool._maybe_evict_cached_block(block)
+    pool.free_blocks = free_and_forget
+    return subject
+
+
+for _bug in (missing_ref_on_hit, hash_kept_after_eviction, leaked_block_on_free, hit_over_whole_prompt,
+             forgets_released_blocks):
     _bug.capabilities = vllm_v1.make.capabilities
     _bug.config_space = vllm_v1.make.config_space
 
@@ -189,6 +205,7 @@ PLANTED = {
     hash_kept_after_eviction: ("readback", "cache_hit", "oom_exact"),  # a stale hit onto a reused block
     leaked_block_on_free: ("free_count",),
     hit_over_whole_prompt: ("cache_hit", "oom_exact", "crash"),        # no token left: no block for it
+    forgets_released_blocks: ("completeness",),                        # correct hits, just never across requests
 }
 
 
