@@ -143,9 +143,8 @@ class AnyJudge:
         live, swapped = seq in kv.tokens and seq not in kv.cpu_tables, seq in kv.cpu_tables
         known = live or swapped
         if op == "add":   # out of blocks is never due: the subject may find more hits than it must
-            if known:
-                return {DuplicateSequence}, set()
-            return set(), ({OutOfBlocks} if self.oom_legal_add(rest[0], before) else set())
+            short = {OutOfBlocks} if self.oom_legal_add(rest[0], before) else set()
+            return ({DuplicateSequence} if known else set()), short   # a capacity-first check may say so
         if op == "fork":
             must = {UnknownSequence} if not known else set()
             must |= {DuplicateSequence} if rest[0] in kv.tokens else set()

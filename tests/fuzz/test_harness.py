@@ -10,7 +10,7 @@ from pagedkv.fuzz.harness import ConfigSpaceError, Conformance, machine_for, rep
 from pagedkv.fuzz.oracles import OracleFailure
 from pagedkv.fuzz.subjects import Subject
 from pagedkv.fuzz.testing import ConformanceFailure, conformance_test, run_conformance
-from pagedkv.spec import InvalidState, KVSpec, OutOfBlocks
+from pagedkv.spec import InvalidState, KVSpec, OutOfBlocks, blocks_needed
 
 CONFIG = {"num_blocks": 3, "block_size": 2, "prefix_caching": True, "num_cpu_blocks": 2}
 SHARED_TAIL = [("add", (1, [0, 1, 2])), ("fork", (1, 2)), ("append", (2, 3)), ("append", (1, 0))]
@@ -296,3 +296,20 @@ def test_serving_the_free_copy_of_a_duplicate_may_run_out_where_the_spec_does_no
     with pytest.raises(OracleFailure) as caught:
         replay(ServesHighestHolder, config, program, policy="spec")
     assert caught.value.oracle == "oom_exact"
+
+
+class CapacityBeforeIds(bug_zoo.Reference):
+    """Another legal error order: admission checks capacity before the id."""
+
+    def add(self, seq_id, tokens):
+        self._require(blocks_needed(len(tokens), self.B) - len(self._hits(tokens)))
+        return super().add(seq_id, tokens)
+
+
+def test_a_duplicate_add_that_also_does_not_fit_may_raise_either_error_under_any():
+    config = dict(CONFIG, num_blocks=2, num_cpu_blocks=0)
+    program = [("add", (1, [0, 1, 2])), ("add", (1, [3, 3, 3]))]
+    replay(CapacityBeforeIds, config, program, policy="any")
+    with pytest.raises(OracleFailure) as caught:
+        replay(CapacityBeforeIds, config, program, policy="spec")
+    assert caught.value.oracle == "id_errors"
