@@ -15,6 +15,16 @@ from pagedkv.fuzz.subjects import resolve
 from pagedkv.spec import OutOfBlocks
 
 NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
+#: The releases these tests run (their wheels: about 650 MB on a fresh machine, once).
+USED = ("0.6.4.post1", "0.6.6.post1", "0.5.0.post1", "0.5.4")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def releases_loaded():
+    """Install and load every release used here before any test: the kit times every factory call,
+    and a first download inside one would be reported as the subject's `timeout`."""
+    for version in USED:
+        vllm_v0.release(version)
 
 #: buggy release -> (the bug, the oracles that are its symptoms).
 BUGGY = {

@@ -25,6 +25,13 @@ from pagedkv.spec import DuplicateSequence, OutOfBlocks, UnknownSequence
 NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def engine_loaded():
+    """Install (a first run downloads the wheel) and load vLLM before any test: the kit times every
+    factory call, and a download inside one would be reported as the subject's `timeout`."""
+    vllm_v1.engine()
+
+
 def make(num_blocks, block_size, prefix_caching=True):
     return vllm_v1.make(num_blocks=num_blocks, block_size=block_size, prefix_caching=prefix_caching)
 
