@@ -139,6 +139,21 @@ def test_one_free_queue_evicts_a_cached_block_while_an_uncached_one_is_free():
     assert run(subject, program) == [0, None, 0, None, 4, None, 4, 4, 2]
 
 
+def test_a_hit_on_the_free_copy_of_a_hash_needs_a_free_block():
+    """`get_cached_block` returns the first block indexed under a hash. Every run of seq 1 recomputes
+    its third block (hits stop at len - 1) and indexes one more [0, 0, 0] copy; the first copy still
+    indexed (from seq 1's second run) is free while seq 1's third-run copy and seq 2's are in use.
+    add(3) hits that free copy, so the hit itself takes the one free block and the new fourth block
+    has none: refused, where a manager hitting a live copy admits it."""
+    subject = make(5, 1)
+    assert run(subject, [("add", 1, [0, 0, 0]), ("free", 1), ("add", 1, [0, 0, 0]), ("free", 1),
+                         ("add", 1, [0, 0, 0]), ("add", 2, [0, 0, 0])]) == [0, None, 2, None, 2, 2]
+    assert subject.num_free_blocks() == 1
+    with pytest.raises(OutOfBlocks):
+        subject.add(3, [0, 0, 0, 0])
+    assert subject.num_free_blocks() == 1
+
+
 # ---------------------------------------------------------------------- planted bugs
 
 
