@@ -5,9 +5,9 @@ from typing import NamedTuple
 
 import torch
 
+from pagedkv.spec.arguments import require
+
 COPY_KINDS = ("swap_out", "swap_in", "cow")
-# What each kind copies: (source pool, destination pool).
-POOLS = {"swap_out": ("gpu", "cpu"), "swap_in": ("cpu", "gpu"), "cow": ("gpu", "gpu")}
 
 
 class CopyPhase(NamedTuple):
@@ -40,6 +40,7 @@ class Copies:
     def of_kind(self, kind: str) -> torch.Tensor:
         """Every pair of one kind, in call order (to count or inspect them; performing them by
         kind instead of by phase breaks the order above)."""
+        require(kind in COPY_KINDS, f"copy kinds are {COPY_KINDS}, got {kind!r}")
         pairs = [phase.pairs for phase in self.phases if phase.kind == kind]
         return torch.cat(pairs) if pairs else torch.zeros((0, 2), dtype=torch.int64)
 
@@ -57,6 +58,7 @@ class Copies:
 
     def without(self, kind: str) -> "Copies":
         """These copies but those of one kind (a fault a test plants: a dropped copy)."""
+        require(kind in COPY_KINDS, f"copy kinds are {COPY_KINDS}, got {kind!r}")
         return Copies(tuple(phase for phase in self.phases if phase.kind != kind))
 
     def __len__(self) -> int:

@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 
 from pagedkv.impl import BlockManager
 from pagedkv.impl.engine import perform_copies
-from pagedkv.spec import PagedKVError
+from pagedkv.spec import InvalidArgument, PagedKVError
 
 
 class Engine:
@@ -233,3 +233,11 @@ def test_without_drops_one_kind_only(kind):
     kept = copies.without(kind)
     assert [p.kind for p in kept.phases] == [p.kind for p in copies.phases if p.kind != kind]
     assert len(getattr(kept, kind)) == 0 and len(kept) == len(copies) - len(getattr(copies, kind))
+
+
+@pytest.mark.parametrize("kind", ["swap", "COW", None, 0])
+def test_unknown_copy_kinds_are_refused(kind):
+    copies = BlockManager(4, 2).take_copies()
+    for method in (copies.without, copies.of_kind):
+        with pytest.raises(InvalidArgument, match="copy kinds"):
+            method(kind)

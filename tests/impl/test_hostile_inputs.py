@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from pagedkv.impl import BlockManager, Scheduler, SchedulerConfig
-from pagedkv.spec import InvalidArgument, InvalidState, KVSpec, PagedKVError, UnknownSequence
+from pagedkv.spec import InvalidArgument, InvalidState, KVSpec, PagedKVError
 
 from test_fault_injection import manager_state, scheduler_state
 
