@@ -15,8 +15,8 @@ from pagedkv.fuzz.subjects import resolve
 from pagedkv.spec import OutOfBlocks
 
 NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
-#: The releases these tests run (their wheels: about 650 MB on a fresh machine, once).
-USED = ("0.6.4.post1", "0.6.6.post1", "0.5.0.post1", "0.5.4")
+#: The releases these tests run (their wheels: about 850 MB on a fresh machine, once).
+USED = ("0.6.4.post1", "0.6.6.post1", "0.4.2", "0.4.3", "0.5.0.post1", "0.5.4")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -147,6 +147,26 @@ def test_stale_computed_block_served_as_a_hit_until_fixed(version, buggy):
     config, program = STALE_HIT
     if buggy:
         with pytest.raises(OracleFailure, match=r"\[cache_hit\] add\(2\) serves block 1 for prompt block 0"):
+            replay(make, config, program, policy="any", capabilities=make.capabilities)
+    else:
+        replay(make, config, program, policy="any", capabilities=make.capabilities)
+
+
+#: vLLM #4764: a block taken back from the evictor stays in the allocator's cached-block map. Seq 2's
+#: prompt takes seq 1's released [1, 2] block from the evictor; after seq 2 is freed, seq 3's prompt
+#: [1, 2, ...] finds the stale entry and 0.4.2's allocator trips its own bookkeeping assertion
+#: (`assert block.block_id not in self._blocks` in `allocate_mutable`).
+EVICTOR_KEEPS_HASH = ({"num_blocks": 3, "block_size": 2, "prefix_caching": True, "num_cpu_blocks": 0},
+                      [["add", [1, [1, 2, 3]]], ["free", [1]], ["add", [2, [5, 6, 7, 8, 9]]], ["free", [2]],
+                       ["add", [3, [1, 2, 4]]]])
+
+
+@pytest.mark.parametrize("version, buggy", [("0.4.2", True), ("0.4.3", False)])
+def test_block_from_the_evictor_left_in_the_cache_map_until_fixed(version, buggy):
+    make = vllm_v0.release(version)
+    config, program = EVICTOR_KEEPS_HASH
+    if buggy:
+        with pytest.raises(OracleFailure, match=r"\[crash\] add raised AssertionError"):
             replay(make, config, program, policy="any", capabilities=make.capabilities)
     else:
         replay(make, config, program, policy="any", capabilities=make.capabilities)
