@@ -16,18 +16,18 @@ Adapted releases (`RELEASES`):
   (`num_preallocate_tokens=0`, a constructor parameter): with vLLM's default of 64 tokens a table holds
   blocks for tokens not yet written, which the protocol's block table cannot express. These releases
   have no null block: ids are vLLM's own.
-
-Known bugs the kit must catch here (issue 19): 0.6.4.post1 recomputes only the last token of a full
-hit, leaving the re-allocated block's other slots unwritten (fixed by vLLM #11186); 0.6.6.post1 touches
-the hit blocks before its free-block check, so a refused allocation leaks them (#11562, fixed by #11565).
-
 - 0.4.2, 0.4.3, 0.5.0.post1, 0.5.4, 0.5.5: v0's block manager v2 (vllm/core/block_manager_v2.py) with
   fork and copy-on-write, and swap from 0.5.0.post1 on (`BlockManagerV2Subject`).
+
+Known bugs of the v1 releases (issue 19): 0.6.4.post1 recomputes only the last token of a full
+hit, leaving the re-allocated block's other slots unwritten (fixed by vLLM #11186); 0.6.6.post1 touches
+the hit blocks before its free-block check, so a refused allocation leaks them (#11562, fixed by #11565).
 
 Known bugs of the v0 releases: a block taken from the evictor stays in `_cached_blocks` (0.4.2, #4764);
 a block re-allocated from the evictor is created `computed=True`, its stale KV reported as a prefix
 hit (0.4.2 .. 0.5.0.post1, fixed by #5364); `get_num_blocks_touched` counts a cached block in the
-evictor as free, so `can_swap_in` admits and the swap raises (0.5.4, #6849).
+evictor as free, so `can_swap_in` admits and the swap raises (0.5.0.post1 and 0.5.4, #6849). Each has a
+directed program in tests/fuzz/adapters/test_vllm_releases.py.
 """
 
 import copy
@@ -298,7 +298,7 @@ class BlockManagerV2Subject:
         self.groups[child_id] = self._new_group(child)
 
     def free(self, seq_id) -> None:
-        group, seq = self._seq(seq_id)
+        _, seq = self._seq(seq_id)
         self.manager.free(seq)
         del self.groups[seq_id]
 
