@@ -189,3 +189,20 @@ def test_swap_in_admitted_on_a_double_counted_block_until_fixed(version, buggy):
             replay(make, config, program, policy="any", capabilities=make.capabilities)
     else:
         replay(make, config, program, policy="any", capabilities=make.capabilities)
+
+
+def test_dedup_on_fill_shares_the_cached_block_not_the_copy_target():
+    """Issue 19, family 3 (correct behaviour the kit must be told about): a copied-on-write tail that
+    fills to the content of a cached block is replaced by that block. append returns the copy it asked
+    for, (shared tail -> fresh target), while the table names the cached block, which already holds
+    exactly the tokens [1, 2] after no prefix (so `cow_exact` fires and readback holds)."""
+    subject = bmv2("0.5.0.post1", 6, 2)
+    subject.add(1, [1, 2, 3])
+    cached = subject.block_table(1)[0]                      # [1, 2], cached on allocation
+    subject.free(1)
+    subject.add(2, [1])
+    subject.fork(2, 3)
+    shared = subject.block_table(3)[0]
+    (copy_pair,) = subject.append(3, 2)
+    assert copy_pair[0] == shared and copy_pair[1] not in (shared, cached)
+    assert subject.block_table(3) == [cached] and subject.block_table(2) == [shared]
