@@ -209,7 +209,10 @@ class BlockManagerV2Subject:
     - swap_out / swap_in (0.5.0.post1 on): `can_swap_out` / `can_swap_in(group, 0)`, `swap_out` /
       `swap_in(group)`, the mapping returned in table order; free: `free(seq)`.
     Declared `conservative_admission`: `can_allocate` counts every prompt block, cache hits ignored,
-    and `can_append_slots` assumes every touched block needs a new one (vLLM's "worst-case heuristic").
+    and `can_append_slots` assumes every touched block needs a new one (vLLM's "worst-case heuristic");
+    `dedup_on_fill`: a copied-on-write tail that fills to a cached block's content is replaced by that
+    block (`PrefixCachingBlockAllocator.promote_to_immutable_block`), `append` returning the copy it
+    asked for.
     """
 
     config_space = {"block_sizes": tuple(range(1, 17)), "prefix_caching": (True, False)}
@@ -336,7 +339,8 @@ class BlockManagerV2Subject:
 
 def _v0_capabilities(version: str) -> frozenset:
     swap = V0_RELEASES.index(version) >= V0_RELEASES.index(SWAP_FROM)
-    return frozenset({"fork", "prefix_caching", "conservative_admission"} | ({"swap"} if swap else set()))
+    return frozenset({"fork", "prefix_caching", "conservative_admission", "dedup_on_fill"}
+                     | ({"swap"} if swap else set()))
 
 
 def _block_manager_v2(version: str):

@@ -93,7 +93,8 @@ def bmv2(version, num_blocks, block_size, num_cpu_blocks=0, prefix_caching=True)
 
 def test_block_manager_v2_declarations():
     assert vllm_v0.release("0.5.0.post1").capabilities == {"fork", "prefix_caching", "swap",
-                                                           "conservative_admission"}
+                                                           "conservative_admission", "dedup_on_fill"}
+    assert "swap" not in vllm_v0.release("0.4.3").capabilities
     assert type(bmv2("0.5.4", 2, 2).manager).__name__ == "BlockSpaceManagerV2"
 
 
@@ -192,7 +193,7 @@ def test_swap_in_admitted_on_a_double_counted_block_until_fixed(version, buggy):
 
 
 def test_dedup_on_fill_shares_the_cached_block_not_the_copy_target():
-    """Issue 19, family 3 (correct behaviour the kit must be told about): a copied-on-write tail that
+    """Issue 19, family 3 (correct behaviour, declared as `dedup_on_fill`): a copied-on-write tail that
     fills to the content of a cached block is replaced by that block. append returns the copy it asked
     for, (shared tail -> fresh target), while the table names the cached block, which already holds
     exactly the tokens [1, 2] after no prefix (so `cow_exact` fires and readback holds)."""
@@ -206,3 +207,12 @@ def test_dedup_on_fill_shares_the_cached_block_not_the_copy_target():
     (copy_pair,) = subject.append(3, 2)
     assert copy_pair[0] == shared and copy_pair[1] not in (shared, cached)
     assert subject.block_table(3) == [cached] and subject.block_table(2) == [shared]
+
+
+def test_dedup_on_fill_is_accepted_when_declared_and_only_then():
+    make = vllm_v0.release("0.5.0.post1")
+    config = {"num_blocks": 6, "block_size": 2, "prefix_caching": True, "num_cpu_blocks": 0}
+    program = [["add", [1, [1, 2, 3]]], ["free", [1]], ["add", [2, [1]]], ["fork", [2, 3]], ["append", [3, 2]]]
+    replay(make, config, program, policy="any", capabilities=make.capabilities)
+    with pytest.raises(OracleFailure, match=r"\[cow_exact\]"):
+        replay(make, config, program, policy="any", capabilities=make.capabilities - {"dedup_on_fill"})
