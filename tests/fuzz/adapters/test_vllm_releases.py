@@ -34,6 +34,10 @@ BUGGY = {
     # allocate_slots touches the hit blocks before its free-block check: a refused request leaks them
     # (vLLM #11562, fixed by #11565)
     "0.6.6.post1": ("refused allocation leaks its hit blocks", ("free_count", "atomic_failure", "oom_exact")),
+    # v0 BMv2: a block taken from the evictor stays in the cached-block map (vLLM #4764), and a block
+    # re-allocated from the evictor is created computed=True (#5364): stale KV served as a hit
+    "0.4.2": ("stale cached block served", ("cache_hit", "readback", "crash")),
+    "0.4.3": ("stale computed block served", ("cache_hit", "readback")),
 }
 #: Fixed v1 releases run here; 0.7.0 (264 MB) passes too (docs/conformance.md) but is left out of CI's
 #: downloads: 0.33.0, the current release, passes in tests/fuzz/adapters/test_vllm_v1.py.
