@@ -4,11 +4,11 @@ Layout: caches [N, B, Hkv, D]. A *slot* is ``block * B + offset``.
 
 ``write_kv(key, value, k_cache, v_cache, slot_mapping)``: key/value [T, Hkv, D], slot_mapping
 int64 [T]; token t is stored at (slot // B, slot % B); slot -1 skips the token (padding).
-Grid (token tiles, Hkv): each program moves a [BLOCK_T, D] tile of one head for K and for V.
+Grid (token tiles, Hkv): each program moves a [BLOCK_T, D] tile of one head for K and for validation.
 
 ``copy_blocks(k_cache, v_cache, pairs)``: pairs int64 [P, 2] of (src, dst) physical blocks, the
 copy-on-write copies of the block manager. Grid (P, Hkv): each program copies one head of one
-block, BLOCK_S slots at a time, for K and V.
+block, BLOCK_S slots at a time, for K and validation.
 
 Both do their address arithmetic in int64 and validate every index before launching, so a rejected
 call leaves the caches untouched.
@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import validation as V
+from . import validation
 from .attention import next_pow2
 
 
@@ -79,10 +79,10 @@ def _check_slots(slots: torch.Tensor, capacity: int) -> None:
     bad = (slots < -1) | (slots >= capacity)
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
-        V._fail(f"slot_mapping[{i}] = {int(slots[i])} is out of range: slots are -1 (skip) or in [0, {capacity})")
+        validation._fail(f"slot_mapping[{i}] = {int(slots[i])} is out of range: slots are -1 (skip) or in [0, {capacity})")
     used = slots[slots >= 0]
     if used.numel() != torch.unique(used).numel():
-        V._fail("slot_mapping writes the same slot twice; the result would depend on thread order")
+        validation._fail("slot_mapping writes the same slot twice; the result would depend on thread order")
 
 
 def write_kv(key, value, k_cache, v_cache, slot_mapping, *, slot_mapping_host=None) -> None:
@@ -92,26 +92,26 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping, *, slot_mapping_host=No
     its host copy (CPU int tensor or sequence of ints, trusted to equal ``slot_mapping``), else on
     a copy read from the device.
     """
-    num_blocks, block_size, num_kv_heads, head_dim = V.check_cache_pair(k_cache, v_cache)
-    V.check_tensor("key", key, ndim=3, device=k_cache.device)
-    V.check_tensor("value", value, ndim=3, device=k_cache.device)
+    num_blocks, block_size, num_kv_heads, head_dim = validation.check_cache_pair(k_cache, v_cache)
+    validation.check_tensor("key", key, ndim=3, device=k_cache.device)
+    validation.check_tensor("value", value, ndim=3, device=k_cache.device)
     for name, t in (("key", key), ("value", value)):
         if tuple(t.shape[1:]) != (num_kv_heads, head_dim):
-            V._fail(f"{name} must be [T, {num_kv_heads}, {head_dim}] to match the cache, got {tuple(t.shape)}")
+            validation._fail(f"{name} must be [T, {num_kv_heads}, {head_dim}] to match the cache, got {tuple(t.shape)}")
         if t.dtype != k_cache.dtype:
-            V._fail(f"{name} dtype {t.dtype} differs from the cache dtype {k_cache.dtype}")
-        V.check_last_dim_contiguous(name, t)
+            validation._fail(f"{name} dtype {t.dtype} differs from the cache dtype {k_cache.dtype}")
+        validation.check_last_dim_contiguous(name, t)
     if key.shape[0] != value.shape[0]:
-        V._fail(f"key has {key.shape[0]} tokens but value has {value.shape[0]}")
-    V.check_index_tensor("slot_mapping", slot_mapping, ndim=1, dtype=torch.int64, device=k_cache.device)
+        validation._fail(f"key has {key.shape[0]} tokens but value has {value.shape[0]}")
+    validation.check_index_tensor("slot_mapping", slot_mapping, ndim=1, dtype=torch.int64, device=k_cache.device)
     num_tokens = key.shape[0]
     if slot_mapping.shape[0] != num_tokens:
-        V._fail(f"slot_mapping has {slot_mapping.shape[0]} entries for {num_tokens} tokens")
-    V.check_written_caches(k_cache, v_cache, {"key": key, "value": value, "slot_mapping": slot_mapping})
+        validation._fail(f"slot_mapping has {slot_mapping.shape[0]} entries for {num_tokens} tokens")
+    validation.check_written_caches(k_cache, v_cache, {"key": key, "value": value, "slot_mapping": slot_mapping})
     if slot_mapping_host is not None:
-        slots = V.host_ints("slot_mapping_host", slot_mapping_host, (num_tokens,))
+        slots = validation.host_ints("slot_mapping_host", slot_mapping_host, (num_tokens,))
     else:
-        slots = V.read_to_host(slot_mapping)
+        slots = validation.read_to_host(slot_mapping)
     slots = slots.to(torch.int64)
     capacity = num_blocks * block_size
     _check_slots(slots, capacity)
@@ -133,13 +133,13 @@ def _check_pairs(host: torch.Tensor, num_blocks: int) -> None:
     bad = (host < 0) | (host >= num_blocks)
     if bool(bad.any()):
         i, j = (int(x) for x in bad.nonzero()[0])
-        V._fail(f"pairs[{i}, {j}] = {int(host[i, j])} is not a block id in [0, {num_blocks})")
+        validation._fail(f"pairs[{i}, {j}] = {int(host[i, j])} is not a block id in [0, {num_blocks})")
     src, dst = host[:, 0], host[:, 1]
     if torch.unique(dst).numel() != dst.numel():
-        V._fail("pairs has a destination block twice; the result would depend on thread order")
+        validation._fail("pairs has a destination block twice; the result would depend on thread order")
     both = src[torch.isin(src, dst)]
     if both.numel():
-        V._fail(f"block {int(both.min())} is both a source and a destination in pairs; copies must be independent")
+        validation._fail(f"block {int(both.min())} is both a source and a destination in pairs; copies must be independent")
 
 
 def copy_blocks(k_cache, v_cache, pairs, *, pairs_host=None) -> None:
@@ -149,16 +149,16 @@ def copy_blocks(k_cache, v_cache, pairs, *, pairs_host=None) -> None:
     destination) on ``pairs_host`` if given (host copy, trusted to equal ``pairs``), else on a copy
     read from the device.
     """
-    num_blocks, block_size, num_kv_heads, head_dim = V.check_cache_pair(k_cache, v_cache)
-    V.check_tensor("pairs", pairs, dtype=torch.int64, device=k_cache.device)
+    num_blocks, block_size, num_kv_heads, head_dim = validation.check_cache_pair(k_cache, v_cache)
+    validation.check_tensor("pairs", pairs, dtype=torch.int64, device=k_cache.device)
     if pairs.dim() != 2 or pairs.shape[1] != 2:
-        V._fail(f"pairs must be [P, 2] (src, dst), got shape {tuple(pairs.shape)}")
-    V.check_index_tensor("pairs", pairs, ndim=2, dtype=torch.int64, device=k_cache.device)
-    V.check_written_caches(k_cache, v_cache, {"pairs": pairs})
+        validation._fail(f"pairs must be [P, 2] (src, dst), got shape {tuple(pairs.shape)}")
+    validation.check_index_tensor("pairs", pairs, ndim=2, dtype=torch.int64, device=k_cache.device)
+    validation.check_written_caches(k_cache, v_cache, {"pairs": pairs})
     if pairs_host is not None:
-        host = V.host_ints("pairs_host", pairs_host, tuple(pairs.shape))
+        host = validation.host_ints("pairs_host", pairs_host, tuple(pairs.shape))
     else:
-        host = V.read_to_host(pairs)
+        host = validation.read_to_host(pairs)
     host = host.to(torch.int64)
     _check_pairs(host, num_blocks)
     if host.shape[0] == 0:

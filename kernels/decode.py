@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import validation as V
+from . import validation
 from .attention import launch_attention, tile_sizes
 
 MIN_TOKENS_PER_SPLIT = 256
@@ -117,22 +117,22 @@ def paged_decode(
     Host copies are trusted to equal the device tensors. The launch itself builds no tile list:
     the kernel finds its sequence from its program id.
     """
-    info = V.check_attention_shapes(q, k_cache, v_cache, block_tables, seq_lens)
-    if q.shape[0] != info["num_seqs"]:
-        raise V.KernelArgumentError(
-            f"decode has one query per sequence: q.shape[0] = {q.shape[0]} but there are {info['num_seqs']} sequences"
+    shape = validation.check_attention_shapes(q, k_cache, v_cache, block_tables, seq_lens)
+    if q.shape[0] != shape.num_seqs:
+        raise validation.KernelArgumentError(
+            f"decode has one query per sequence: q.shape[0] = {q.shape[0]} but there are {shape.num_seqs} sequences"
         )
-    num_splits = V.check_num_splits(num_splits)
-    scale = V.check_scale(scale, info["head_dim"])
-    softcap = V.check_softcap(softcap)
-    window = V.check_window(sliding_window, info["capacity"])
-    tile_rows = V.check_tile_rows(_tile_rows)
-    _, longest = V.host_lengths(info, seq_lens, block_tables, seq_lens_host=seq_lens_host,
+    num_splits = validation.check_num_splits(num_splits)
+    scale = validation.check_scale(scale, shape.head_dim)
+    softcap = validation.check_softcap(softcap)
+    window = validation.check_window(sliding_window, shape.capacity)
+    tile_rows = validation.check_tile_rows(_tile_rows)
+    _, longest = validation.host_lengths(shape, seq_lens, block_tables, seq_lens_host=seq_lens_host,
                                 block_tables_host=block_tables_host, max_seq_len=max_seq_len,
                                 validate=validate)
 
     num_seqs, num_q_heads, head_dim = q.shape
-    group = num_q_heads // info["num_kv_heads"]
+    group = num_q_heads // shape.num_kv_heads
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if num_seqs == 0:
         return out
@@ -141,7 +141,7 @@ def paged_decode(
     if window is not None:
         longest = min(longest, window)
     if num_splits is None:
-        num_programs = num_seqs * -(-group // block_m) * info["num_kv_heads"]
+        num_programs = num_seqs * -(-group // block_m) * shape.num_kv_heads
         num_splits = choose_num_splits(num_programs, longest, device_parallelism(q.device))
 
     common = dict(scale=scale, softcap=softcap, window=window, causal=True, group=group,

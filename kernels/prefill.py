@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from . import validation as V
+from . import validation
 from .attention import build_prefill_tiles, launch_attention, tile_sizes
 
 
@@ -47,23 +47,23 @@ def paged_prefill(
     a host copy are not read: the row tiles are built on the device (``build_prefill_tiles``) and
     the kernel clamps lengths and query rows to the tensors' bounds.
     """
-    info = V.check_attention_shapes(q, k_cache, v_cache, block_tables, seq_lens)
-    causal = V.as_bool("causal", causal)
-    scale = V.check_scale(scale, info["head_dim"])
-    softcap = V.check_softcap(softcap)
-    window = V.check_window(sliding_window, info["capacity"])
-    tile_rows = V.check_tile_rows(_tile_rows)
-    lens, _ = V.host_lengths(info, seq_lens, block_tables, seq_lens_host=seq_lens_host,
+    shape = validation.check_attention_shapes(q, k_cache, v_cache, block_tables, seq_lens)
+    causal = validation.as_bool("causal", causal)
+    scale = validation.check_scale(scale, shape.head_dim)
+    softcap = validation.check_softcap(softcap)
+    window = validation.check_window(sliding_window, shape.capacity)
+    tile_rows = validation.check_tile_rows(_tile_rows)
+    lens, _ = validation.host_lengths(shape, seq_lens, block_tables, seq_lens_host=seq_lens_host,
                              block_tables_host=block_tables_host, max_seq_len=max_seq_len,
                              validate=validate)
-    V.host_query_starts(query_start_loc, query_start_loc_host, num_tokens=q.shape[0],
-                        num_seqs=info["num_seqs"], lens=lens, device=q.device,
-                        read=not V.reads_nothing(validate, max_seq_len))
+    validation.host_query_starts(query_start_loc, query_start_loc_host, num_tokens=q.shape[0],
+                        num_seqs=shape.num_seqs, lens=lens, device=q.device,
+                        read=not validation.reads_nothing(validate, max_seq_len))
 
     num_tokens, num_q_heads, head_dim = q.shape
-    group = num_q_heads // info["num_kv_heads"]
+    group = num_q_heads // shape.num_kv_heads
     out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
-    if num_tokens == 0 or info["num_seqs"] == 0:
+    if num_tokens == 0 or shape.num_seqs == 0:
         return out
     on_gpu = q.device.type == "cuda"
     block_m, block_n, block_d = tile_sizes(head_dim, group, decode=False, tile_rows=tile_rows, on_gpu=on_gpu)

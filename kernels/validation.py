@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+from typing import NamedTuple
 
 import torch
 
@@ -285,7 +286,19 @@ def check_written_caches(k_cache: torch.Tensor, v_cache: torch.Tensor, read: dic
     check_disjoint({"k_cache": k_cache, "v_cache": v_cache}, read)
 
 
-def check_attention_shapes(q, k_cache, v_cache, block_tables, seq_lens) -> dict:
+class AttentionShape(NamedTuple):
+    """Sizes derived from an attention call's tensors."""
+
+    num_blocks: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+    num_q_heads: int
+    num_seqs: int
+    capacity: int      # token slots a table row can name: columns x block size
+
+
+def check_attention_shapes(q, k_cache, v_cache, block_tables, seq_lens) -> AttentionShape:
     """Shape, dtype, device and layout checks shared by decode and prefill (no tensor values are
     read). Returns the derived sizes."""
     check_tensor("q", q, ndim=3)
@@ -307,7 +320,7 @@ def check_attention_shapes(q, k_cache, v_cache, block_tables, seq_lens) -> dict:
     num_seqs = seq_lens.shape[0]
     if block_tables.shape[0] != num_seqs:
         _fail(f"block_tables has {block_tables.shape[0]} rows but seq_lens has {num_seqs} entries")
-    return dict(
+    return AttentionShape(
         num_blocks=num_blocks,
         block_size=block_size,
         num_kv_heads=num_kv_heads,
@@ -422,14 +435,14 @@ def reads_nothing(validate: bool, max_seq_len) -> bool:
     return not validate and max_seq_len is not None
 
 
-def host_lengths(info: dict, seq_lens, block_tables, *, seq_lens_host, block_tables_host, max_seq_len,
+def host_lengths(shape: AttentionShape, seq_lens, block_tables, *, seq_lens_host, block_tables_host, max_seq_len,
                  validate: bool) -> tuple[torch.Tensor | None, int]:
     """Check the lengths (and with ``validate`` the block ids) from host copies; return the host
     lengths (None in the sync-free mode without a host copy) and the longest length."""
     validate = as_bool("validate", validate)
-    capacity, block_size = info["capacity"], info["block_size"]
+    capacity, block_size = shape.capacity, shape.block_size
     if seq_lens_host is not None:
-        lens = host_ints("seq_lens_host", seq_lens_host, (info["num_seqs"],)).to(torch.int64)
+        lens = host_ints("seq_lens_host", seq_lens_host, (shape.num_seqs,)).to(torch.int64)
     elif reads_nothing(validate, max_seq_len):
         lens = None
     else:
@@ -444,7 +457,7 @@ def host_lengths(info: dict, seq_lens, block_tables, *, seq_lens_host, block_tab
             table = host_ints("block_tables_host", block_tables_host, tuple(block_tables.shape))
         else:
             table = read_to_host(block_tables)
-        check_block_ids(table, lens, block_size, info["num_blocks"])
+        check_block_ids(table, lens, block_size, shape.num_blocks)
     return lens, longest
 
 

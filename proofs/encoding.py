@@ -223,7 +223,7 @@ class Run:
     """One execution of a transition: the current state, the raised error, the guard, the writes."""
 
     def __init__(self, state: State):
-        self.s = state
+        self.state = state
         self.err = z3.IntVal(OK)
         self.guard = z3.BoolVal(True)
         self.writes = []     # exclusivity: (active, block, ref count of block) at each write
@@ -243,7 +243,7 @@ class Run:
 
     def update(self, **changes) -> None:
         active = self.active
-        self.s = replace(self.s, **{f: merge(active, v, getattr(self.s, f)) for f, v in changes.items()})
+        self.state = replace(self.state, **{f: merge(active, v, getattr(self.state, f)) for f, v in changes.items()})
 
     @contextmanager
     def when(self, cond):
@@ -278,38 +278,38 @@ class Machine:
     def add(self, run: Run, sid, n, tokens) -> None:
         run.fail_unless(z3.And(n >= 1, *[z3.Implies(i < n, t >= 0) for i, t in enumerate(tokens)]),
                         "InvalidArgument")
-        run.fail_unless(z3.Not(at(run.s.live, sid)), "DuplicateSequence")
+        run.fail_unless(z3.Not(at(run.state.live, sid)), "DuplicateSequence")
         self.allocate_prompt(run, sid, n, tokens)
-        s = run.s
+        s = run.state
         run.update(live=put(s.live, sid, z3.BoolVal(True)), ntok=put(s.ntok, sid, n),
                    toks=put(s.toks, sid, list(tokens)), cpu_tlen=put(s.cpu_tlen, sid, z3.IntVal(0)))
 
     def append(self, run: Run, sid, token) -> None:
         run.fail_unless(token >= 0, "InvalidArgument")
         self.require_running(run, sid)
-        s, B = run.s, self.b.block_size
+        s, B = run.state, self.b.block_size
         position, tlen = at(s.ntok, sid), at(s.tlen, sid)
         run.domain.append(z3.Implies(run.active, position < self.b.max_tokens))
         new_block = position % B == 0
         with run.when(new_block):
             self.require_free(run, 1)
             block = self.take_block(run)
-            run.update(table=put2(run.s.table, sid, tlen, block), tlen=put(run.s.tlen, sid, tlen + 1))
+            run.update(table=put2(run.state.table, sid, tlen, block), tlen=put(run.state.tlen, sid, tlen + 1))
         with run.when(z3.And(z3.Not(new_block), at(s.ref, at(at(s.table, sid), tlen - 1)) > 1)):
             self.require_free(run, 1)
             self.copy_on_write(run, sid)
-        run.update(toks=put2(run.s.toks, sid, position, token), ntok=put(run.s.ntok, sid, position + 1))
-        value = at(self.seq_prefixes(run.s, sid)[1:], position)
-        self.write(run, at(at(run.s.table, sid), position / B), position, value)
+        run.update(toks=put2(run.state.toks, sid, position, token), ntok=put(run.state.ntok, sid, position + 1))
+        value = at(self.seq_prefixes(run.state, sid)[1:], position)
+        self.write(run, at(at(run.state.table, sid), position / B), position, value)
 
     def fork(self, run: Run, parent, child) -> None:
         self.require_exists(run, parent)
-        run.fail_unless(z3.Not(at(run.s.live, child)), "DuplicateSequence")
-        run.fail_unless(at(run.s.status, parent) == RUNNING, "InvalidState")
-        s = run.s
+        run.fail_unless(z3.Not(at(run.state.live, child)), "DuplicateSequence")
+        run.fail_unless(at(run.state.status, parent) == RUNNING, "InvalidState")
+        s = run.state
         row, tlen = at(s.table, parent), at(s.tlen, parent)
         self.share_blocks(run, row, tlen)
-        s = run.s
+        s = run.state
         run.update(live=put(s.live, child, z3.BoolVal(True)), status=put(s.status, child, z3.IntVal(RUNNING)),
                    ntok=put(s.ntok, child, at(s.ntok, parent)), toks=put(s.toks, child, at(s.toks, parent)),
                    table=put(s.table, child, row), tlen=put(s.tlen, child, tlen),
@@ -318,10 +318,10 @@ class Machine:
 
     def free(self, run: Run, sid) -> None:
         self.require_exists(run, sid)
-        s = run.s
+        s = run.state
         self.release(run, at(s.table, sid), at(s.tlen, sid))
         self.release_cpu(run, at(s.cpu_table, sid), at(s.cpu_tlen, sid))
-        s = run.s
+        s = run.state
         run.update(live=put(s.live, sid, z3.BoolVal(False)), tlen=put(s.tlen, sid, z3.IntVal(0)),
                    cpu_tlen=put(s.cpu_tlen, sid, z3.IntVal(0)))
 
@@ -331,26 +331,26 @@ class Machine:
 
     def preempt_swap(self, run: Run, sid) -> None:
         self.require_running(run, sid)
-        s = run.s
+        s = run.state
         row, tlen = at(s.table, sid), at(s.tlen, sid)
         run.fail_unless(tlen <= s.cpu_free_len, "OutOfBlocks")
         for j, gpu_block in enumerate(row):
             with run.when(j < tlen):
-                cpu_block = run.s.cpu_free[0]
-                run.update(cpu_free=run.s.cpu_free[1:] + run.s.cpu_free[:1], cpu_free_len=run.s.cpu_free_len - 1,
-                           cpu_slots=put(run.s.cpu_slots, cpu_block, at(run.s.slots, gpu_block)),
-                           cpu_table=put2(run.s.cpu_table, sid, j, cpu_block))
+                cpu_block = run.state.cpu_free[0]
+                run.update(cpu_free=run.state.cpu_free[1:] + run.state.cpu_free[:1], cpu_free_len=run.state.cpu_free_len - 1,
+                           cpu_slots=put(run.state.cpu_slots, cpu_block, at(run.state.slots, gpu_block)),
+                           cpu_table=put2(run.state.cpu_table, sid, j, cpu_block))
         self.release(run, row, tlen)
-        s = run.s
+        s = run.state
         run.update(tlen=put(s.tlen, sid, z3.IntVal(0)), cpu_tlen=put(s.cpu_tlen, sid, tlen),
                    status=put(s.status, sid, z3.IntVal(SWAPPED)))
 
     def resume(self, run: Run, sid) -> None:
         self.require_exists(run, sid)
-        status = at(run.s.status, sid)
+        status = at(run.state.status, sid)
         run.fail_unless(status != RUNNING, "InvalidState")
         with run.when(status == WAITING):
-            self.allocate_prompt(run, sid, at(run.s.ntok, sid), at(run.s.toks, sid))
+            self.allocate_prompt(run, sid, at(run.state.ntok, sid), at(run.state.toks, sid))
         with run.when(status == SWAPPED):
             self.swap_in(run, sid)
 
@@ -363,12 +363,12 @@ class Machine:
                 self.require_running(run, s)
         members = [member for member, _ in batch]
         for _ in range(self.b.max_seqs):   # each round preempts a running sequence or none
-            with run.when(self.blocks_for_step(run.s, members) > self.num_free(run.s)):
-                victim = self.latest_running(run.s)
+            with run.when(self.blocks_for_step(run.state, members) > self.num_free(run.state)):
+                victim = self.latest_running(run.state)
                 self.preempt_recompute(run, victim)
                 members = [z3.And(m, victim != s) for s, m in enumerate(members)]
-        run.checks.append(z3.Implies(run.active, self.blocks_for_step(run.s, members) <= self.num_free(run.s)))
-        admitted = run.s.admitted
+        run.checks.append(z3.Implies(run.active, self.blocks_for_step(run.state, members) <= self.num_free(run.state)))
+        admitted = run.state.admitted
         rank = [count([z3.And(m2, a2 < a) for m2, a2 in zip(members, admitted)]) for a in admitted]
         for r in range(self.b.max_seqs):
             chosen = [z3.And(m, rank[s] == r) for s, m in enumerate(members)]
@@ -381,29 +381,29 @@ class Machine:
     # ---------------------------------------------------------------- internals
 
     def require_exists(self, run: Run, sid) -> None:
-        run.fail_unless(at(run.s.live, sid), "UnknownSequence")
+        run.fail_unless(at(run.state.live, sid), "UnknownSequence")
 
     def require_running(self, run: Run, sid) -> None:
         self.require_exists(run, sid)
-        run.fail_unless(at(run.s.status, sid) == RUNNING, "InvalidState")
+        run.fail_unless(at(run.state.status, sid) == RUNNING, "InvalidState")
 
     def require_free(self, run: Run, needed) -> None:
-        run.fail_unless(needed <= self.num_free(run.s), "OutOfBlocks")
+        run.fail_unless(needed <= self.num_free(run.state), "OutOfBlocks")
 
     def admit(self, run: Run, sid) -> None:
         """The spec's `_admit`: stamp the sequence with the next admission number."""
-        s = run.s
+        s = run.state
         run.update(admitted=put(s.admitted, sid, s.clock + 1), clock=s.clock + 1)
 
     def allocate_prompt(self, run: Run, sid, n, tokens) -> None:
         """A full table for the prompt `tokens[:n]`, confirmed cached blocks first; then write."""
         B, T = self.b.block_size, self.b.max_blocks_per_seq
         P = prefixes(tokens)
-        hits = self.cache_hits(run.s, n, P)
+        hits = self.cache_hits(run.state, n, P)
         num_hits = count([hit for hit, _ in hits])
         needed = blocks_needed(n, B) - num_hits
-        reclaimed = count([z3.And(hit, in_queue(run.s.evict, run.s.evict_len, block)) for hit, block in hits])
-        run.fail_unless(needed <= self.num_free(run.s) - reclaimed, "OutOfBlocks")
+        reclaimed = count([z3.And(hit, in_queue(run.state.evict, run.state.evict_len, block)) for hit, block in hits])
+        run.fail_unless(needed <= self.num_free(run.state) - reclaimed, "OutOfBlocks")
         for hit, block in hits:
             with run.when(hit):
                 self.reclaim(run, block)
@@ -412,7 +412,7 @@ class Machine:
             hit, hit_block = hits[j] if j < len(hits) else (z3.BoolVal(False), z3.IntVal(0))
             with run.when(z3.And(z3.Not(hit), j < blocks_needed(n, B))):
                 row.append(z3.If(hit, hit_block, self.take_block(run)))
-        s = run.s
+        s = run.state
         run.update(table=put(s.table, sid, row), tlen=put(s.tlen, sid, blocks_needed(n, B)),
                    status=put(s.status, sid, z3.IntVal(RUNNING)), cached=put(s.cached, sid, num_hits * B))
         self.admit(run, sid)
@@ -438,7 +438,7 @@ class Machine:
 
     def reclaim(self, run: Run, block) -> None:
         """A cache hit: the block leaves the evictable set (if there) and gains a reference."""
-        s = run.s
+        s = run.state
         kept = [z3.And(i < s.evict_len, e != block) for i, e in enumerate(s.evict)]
         run.update(evict=self.compact(s.evict, kept), evict_len=count(kept),
                    ref=put(s.ref, block, at(s.ref, block) + 1))
@@ -457,18 +457,18 @@ class Machine:
 
     def take_block(self, run: Run):
         """The oldest never-cached free block, else evict the least recently released one."""
-        s = run.s
+        s = run.state
         from_free = s.free_len > 0
         block = z3.If(from_free, s.free[0], s.evict[0])
         with run.when(from_free):
             run.update(free=s.free[1:] + s.free[:1], free_len=s.free_len - 1)
         with run.when(z3.Not(from_free)):
             self.evict(run)
-        run.update(ref=put(run.s.ref, block, z3.IntVal(1)))
+        run.update(ref=put(run.state.ref, block, z3.IntVal(1)))
         return block
 
     def evict(self, run: Run) -> None:
-        s = run.s
+        s = run.state
         block = s.evict[0]
         run.update(evict=s.evict[1:] + s.evict[:1], evict_len=s.evict_len - 1,
                    hashed=put(s.hashed, block, z3.BoolVal(False)), slots=self.wiped(s.slots, block))
@@ -477,24 +477,24 @@ class Machine:
         return put(slots, block, [NIL] * self.b.block_size)
 
     def copy_on_write(self, run: Run, sid) -> None:
-        tail = at(run.s.tlen, sid) - 1
-        src = at(at(run.s.table, sid), tail)
+        tail = at(run.state.tlen, sid) - 1
+        src = at(at(run.state.table, sid), tail)
         dst = self.take_block(run)
-        s = run.s
+        s = run.state
         run.update(slots=put(s.slots, dst, at(s.slots, src)), ref=put(s.ref, src, at(s.ref, src) - 1),
                    table=put2(s.table, sid, tail, dst))
 
     def share_blocks(self, run: Run, row, tlen) -> None:
         for j, block in enumerate(row):
             with run.when(j < tlen):
-                run.update(ref=put(run.s.ref, block, at(run.s.ref, block) + 1))
+                run.update(ref=put(run.state.ref, block, at(run.state.ref, block) + 1))
 
     def write(self, run: Run, block, position, value) -> None:
         """Write `value` (the writer's tokens up to and including `position`) into its slot."""
         B = self.b.block_size
-        run.writes.append((run.active, block, at(run.s.ref, block)))
+        run.writes.append((run.active, block, at(run.state.ref, block)))
         offset = position % B
-        s = run.s
+        s = run.state
         run.update(slots=[[merge(z3.And(block == b, offset == o), value, slot) for o, slot in enumerate(row)]
                           for b, row in enumerate(s.slots)])
         with run.when((position + 1) % B == 0):
@@ -503,7 +503,7 @@ class Machine:
     def index_full_block(self, run: Run, block, key) -> None:
         if not self.b.prefix_caching:
             return
-        s = run.s
+        s = run.state
         with run.when(z3.Not(at(s.hashed, block))):
             run.update(hashed=put(s.hashed, block, z3.BoolVal(True)), key=put(s.key, block, key))
 
@@ -514,7 +514,7 @@ class Machine:
                 self.release_block(run, row[j])
 
     def release_block(self, run: Run, block) -> None:
-        s = run.s
+        s = run.state
         ref = at(s.ref, block) - 1
         run.update(ref=put(s.ref, block, ref))
         with run.when(ref == 0):
@@ -528,33 +528,33 @@ class Machine:
     def release_cpu(self, run: Run, row, tlen) -> None:
         for j, block in enumerate(row):
             with run.when(j < tlen):
-                s = run.s
+                s = run.state
                 run.update(cpu_slots=put(s.cpu_slots, block, [NIL] * self.b.block_size),
                            cpu_free=put(s.cpu_free, s.cpu_free_len, block), cpu_free_len=s.cpu_free_len + 1)
 
     def release_to_waiting(self, run: Run, sid) -> None:
-        s = run.s
+        s = run.state
         self.release(run, at(s.table, sid), at(s.tlen, sid))
-        run.update(tlen=put(run.s.tlen, sid, z3.IntVal(0)), status=put(run.s.status, sid, z3.IntVal(WAITING)))
+        run.update(tlen=put(run.state.tlen, sid, z3.IntVal(0)), status=put(run.state.status, sid, z3.IntVal(WAITING)))
 
     def swap_in(self, run: Run, sid) -> None:
-        s, B = run.s, self.b.block_size
+        s, B = run.state, self.b.block_size
         row, tlen = at(s.cpu_table, sid), at(s.cpu_tlen, sid)
         self.require_free(run, tlen)
         for j, cpu_block in enumerate(row):
             with run.when(j < tlen):
                 block = self.take_block(run)
-                run.update(slots=put(run.s.slots, block, at(run.s.cpu_slots, cpu_block)),
-                           table=put2(run.s.table, sid, j, block))
+                run.update(slots=put(run.state.slots, block, at(run.state.cpu_slots, cpu_block)),
+                           table=put2(run.state.table, sid, j, block))
         self.release_cpu(run, row, tlen)
-        s = run.s
+        s = run.state
         run.update(tlen=put(s.tlen, sid, tlen), cpu_tlen=put(s.cpu_tlen, sid, z3.IntVal(0)),
                    status=put(s.status, sid, z3.IntVal(RUNNING)))
         self.admit(run, sid)
-        P = self.seq_prefixes(run.s, sid)
-        table = at(run.s.table, sid)
+        P = self.seq_prefixes(run.state, sid)
+        table = at(run.state.table, sid)
         for j in range(self.b.max_blocks_per_seq):
-            with run.when(j < at(run.s.ntok, sid) / B):
+            with run.when(j < at(run.state.ntok, sid) / B):
                 self.index_full_block(run, table[j], P[(j + 1) * B])
 
     def blocks_for_step(self, s: State, members):

@@ -14,10 +14,10 @@ class CowKeepsSourceRef(Machine):
     """Copy-on-write that forgets to drop the writer's reference to the shared source block."""
 
     def copy_on_write(self, run: Run, sid) -> None:
-        tail = at(run.s.tlen, sid) - 1
-        src = at(at(run.s.table, sid), tail)
+        tail = at(run.state.tlen, sid) - 1
+        src = at(at(run.state.table, sid), tail)
         dst = self.take_block(run)
-        s = run.s
+        s = run.state
         run.update(slots=put(s.slots, dst, at(s.slots, src)), table=put2(s.table, sid, tail, dst))
 
 
@@ -32,7 +32,7 @@ class FreeReturnsShared(Machine):
     """Release that returns every block to the free queue, even one other tables still hold."""
 
     def release_block(self, run: Run, block) -> None:
-        s = run.s
+        s = run.state
         run.update(ref=put(s.ref, block, at(s.ref, block) - 1), slots=self.wiped(s.slots, block),
                    free=put(s.free, s.free_len, block), free_len=s.free_len + 1)
 
@@ -41,7 +41,7 @@ class EvictionKeepsHash(Machine):
     """Eviction that reuses a cached block but leaves its hash in the prefix index."""
 
     def evict(self, run: Run) -> None:
-        s = run.s
+        s = run.state
         run.update(evict=s.evict[1:] + s.evict[:1], evict_len=s.evict_len - 1,
                    slots=self.wiped(s.slots, s.evict[0]))
 

@@ -118,7 +118,7 @@ class Transition:
     def counterexample(self, model, case: str, broken: str) -> Counterexample:
         op = OPS[self.op_name]
         return Counterexample(render_call(op, model_args(model, op, self.args)), case, broken,
-                              model_snapshot(model, self.pre), model_snapshot(model, self.run.s))
+                              model_snapshot(model, self.pre), model_snapshot(model, self.run.state))
 
 
 def _timed(name, kind, bounds, body) -> ObligationResult:
@@ -159,7 +159,7 @@ def induction(machine: Machine, case: Case, timeout_s: float = 120) -> list:
             if not possible:
                 return False, "vacuous: the case cannot happen under the invariant"
             solver.push()
-            solver.add(z3.Not(holds(t.run.s)))
+            solver.add(z3.Not(holds(t.run.state)))
             result = solver.check()
             passed, detail = _verdict(result)
             if result == z3.sat:
@@ -180,7 +180,7 @@ def find_violation(machine: Machine, case: Case, timeout_s: float = 120):
     goals = {name: (lambda s, inv=inv: inv(machine.b, s)) for name, inv in ALL.items()}
     for goal, holds in goals.items():
         solver.push()
-        solver.add(z3.Not(holds(t.run.s)))
+        solver.add(z3.Not(holds(t.run.state)))
         if solver.check() == z3.sat:
             return t.counterexample(solver.model(), case.name, goal)
         solver.pop()
@@ -205,7 +205,7 @@ def _refute(machine: Machine, op_name: str, timeout_s: float, violation, what: s
 def atomicity(machine: Machine, op_name: str, timeout_s: float = 120) -> ObligationResult:
     """A failed operation leaves the state exactly as it was."""
     def changed_on_failure(t):
-        return z3.And(z3.Not(t.run.ok), z3.Not(same_state(machine.b, t.pre, t.run.s)))
+        return z3.And(z3.Not(t.run.ok), z3.Not(same_state(machine.b, t.pre, t.run.state)))
     return _timed(f"atomicity: {op_name}", "atomicity", machine.b.describe(),
                   lambda: _refute(machine, op_name, timeout_s, changed_on_failure, "failed", "failure atomicity"))
 
@@ -298,8 +298,8 @@ def _bmc_trace(machine: Machine, k: int, token_values: int):
             run = execute(machine, op, states[-1], args)
             chosen = domain + _small_tokens(op, args, token_values) + run.domain
             constraints += [z3.Implies(choice == index, c) for c in chosen]
-            successor = run.s.terms() if successor is None else \
-                [z3.If(choice == index, new, old) for new, old in zip(run.s.terms(), successor)]
+            successor = run.state.terms() if successor is None else \
+                [z3.If(choice == index, new, old) for new, old in zip(run.state.terms(), successor)]
         state = State.fresh(b, f"s{i + 1}")
         constraints += [x == y for x, y in zip(state.terms(), successor)]
         states.append(state)
@@ -322,9 +322,9 @@ def _small_tokens(op, args, token_values: int) -> list:
 def _free_all(machine: Machine, state: State) -> State:
     run = Run(state)
     for sid in range(machine.b.max_seqs):
-        with run.when(at(run.s.live, sid)):
+        with run.when(at(run.state.live, sid)):
             machine.free(run, sid)
-    return run.s
+    return run.state
 
 
 def bmc(machine: Machine, k: int, timeout_s: float = 300, token_values: int = 2) -> list:

@@ -10,7 +10,7 @@ import signal
 import time
 from dataclasses import asdict, dataclass
 
-from . import contracts, explicit_bmc, scenarios
+from . import contracts, explicit_bmc
 from .encoding import Bounds, Machine
 from .obligations import (CASES, WRITING_OPS, ObligationResult, atomicity, bmc, cases_cover, exclusivity,
                           induction, initiation, no_leak, step_composition, step_unrolling, witnesses)

@@ -26,7 +26,7 @@ def evaluate(b: Bounds, op_name: str, snap: dict, values) -> Outcome:
     run = execute(Machine(b), op, to_state(b, snap), concrete_args(b, op, values))
     post, err = State.fresh(b, "post"), z3.Int("post.error")
     solver = z3.Solver()
-    solver.add(same_state(b, post, run.s), err == run.err)
+    solver.add(same_state(b, post, run.state), err == run.err)
     solver.push()
     solver.add(*run.domain)
     if solver.check() != z3.sat:
