@@ -161,7 +161,8 @@ class VllmV1Subject:
         self._sampling = modules["vllm.v1.request"].SamplingParams
         hash_fn = modules["vllm.utils.hashing"].get_hash_fn_by_name("sha256")
         utils.init_none_hash(hash_fn)  # vLLM's engine core does this once per process, before hashing
-        self._hasher = utils.get_request_block_hasher(block_size, hash_fn)
+        # vLLM's engine core gives requests a block hasher only when prefix caching is on.
+        self._hasher = utils.get_request_block_hasher(block_size, hash_fn) if prefix_caching else None
         attention = spec.FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=_float32())
         config = spec.KVCacheConfig(num_blocks=num_blocks + 1, kv_cache_tensors=[],  # + vLLM's null block
                                     kv_cache_groups=[spec.KVCacheGroupSpec(["layer.0"], attention)])

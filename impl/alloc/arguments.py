@@ -39,7 +39,13 @@ def plain_seq_ids(seq_ids) -> list:
 
 
 def check_prompt(tokens) -> np.ndarray:
-    """The prompt as int64, once every token is known to be an int in range."""
+    """The prompt as a fresh int64 array, once every token is known to be an int in range: a list
+    or tuple of ints, or a 1-d integer numpy array or tensor (checked in a few vectorised passes,
+    where a list costs a pass over Python objects per check)."""
+    if isinstance(tokens, (np.ndarray, torch.Tensor)):
+        array = check_token_batch(tokens)
+        require(len(array) > 0, "a prompt has at least one token")
+        return array if array is not tokens else array.copy()
     if not (isinstance(tokens, (list, tuple)) and len(tokens) > 0):
         raise InvalidArgument(f"a prompt is a non-empty list of tokens, got {_short(tokens)}")
     if set(map(type, tokens)) == {int}:

@@ -4,6 +4,8 @@ collisions never give a wrong hit; batched forms equal one-at-a-time; tensors; m
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pagedkv.impl import BlockManager
 from pagedkv.spec import (DuplicateSequence, InvalidArgument, InvalidState, KVSpec, OutOfBlocks,
@@ -300,3 +302,19 @@ def test_cuda_tensors_equal_the_cpu_ones():
     assert [kind for kind, _ in gpu_copies.phases] == [kind for kind, _ in cpu_copies.phases]
     for (_, gpu), (_, cpu) in zip(gpu_copies.phases, cpu_copies.phases):
         assert gpu.device.type == "cuda" and torch.equal(gpu.cpu(), cpu)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=9), min_size=1, max_size=5),
+       st.sampled_from([np.int64, np.int32, np.uint8]))
+def test_prompts_as_integer_arrays_act_as_lists(prompts, dtype):
+    """An engine's token ids as a numpy array (or tensor) are the same prompt as the list."""
+    as_list, as_array = (BlockManager(12, 2, prefix_caching=True) for _ in range(2))
+    for seq_id, prompt in enumerate(prompts):
+        for bm, given_prompt in ((as_list, prompt), (as_array, np.array(prompt, dtype=dtype))):
+            try:
+                bm.add(seq_id, given_prompt)
+            except OutOfBlocks:
+                pass
+        assert state(as_list) == state(as_array)
+    assert as_list.cached_prefix_tokens(prompts[0]) == as_array.cached_prefix_tokens(torch.tensor(prompts[0]))

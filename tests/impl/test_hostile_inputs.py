@@ -60,11 +60,13 @@ NOT_INTS = [None, True, False, 1.0, math.nan, math.inf, "1", b"1", [1], (1,), {1
             torch.tensor(1), object()]
 SEQ_IDS = NOT_INTS + [99, -1, 2 ** 70]                                   # wrong type or unknown
 TOKENS = [t for t in NOT_INTS if t is not np.int64] + [-1, 2 ** 63, 2 ** 64, -2 ** 63]
-PROMPTS = [None, [], "ab", b"ab", 3, {1: 2}, np.array([1, 2]), torch.tensor([1, 2]), [None], [1.0], [True],
+PROMPTS = [None, [], "ab", b"ab", 3, {1: 2}, np.array([1.0, 2.0]), np.array([[1, 2]]), np.array([], dtype=np.int64),
+           np.array([-1]), np.array([True, False]), np.array([2 ** 63], dtype=np.uint64), torch.tensor([1.0]),
+           torch.tensor([1, 2], dtype=torch.int32).expand(2, 2), [None], [1.0], [True],
            [-1], [2 ** 63], [1, "2"], [np.int64(1)], [[1]], list(range(100))]   # the last never fits
 # The Scheduler takes numpy integer tokens (an engine's sampled ids), normalised to int.
 SCHEDULER_PROMPTS = [p for p in PROMPTS if not (isinstance(p, list) and p and isinstance(p[0], np.integer))] \
-    + [[np.float64(1)], [np.int64(-1)], [np.uint64(2 ** 63)]]
+    + [[np.float64(1)], [np.int64(-1)], [np.uint64(2 ** 63)], np.array([1, 2]), torch.tensor([1, 2])]
 MODES = [None, "swapp", "SWAP", b"swap", 1, ["swap"], True]
 META = "meta"   # a device whose tensors hold no values
 BATCH_IDS = [None, 1, "12", {1: 1}, [1, 1], [1, None], [True], [1.0], [99], np.array([1.0]),
