@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from managers import mixed_manager
 from pagedkv.impl import BlockManager
 from pagedkv.spec import (DuplicateSequence, InvalidArgument, InvalidState, KVSpec, OutOfBlocks,
                           UnknownSequence)
@@ -26,15 +27,7 @@ def state(bm: BlockManager) -> dict:
 
 @pytest.fixture
 def bm():
-    """Running 1 (shared with its fork 2), waiting 3, swapped 4; 6 GPU blocks free, 1 CPU."""
-    bm = BlockManager(8, 2, num_cpu_blocks=3, prefix_caching=True)
-    bm.add(1, [1, 2, 3])
-    bm.fork(1, 2)
-    bm.add(3, [4, 5])
-    bm.preempt(3, "recompute")
-    bm.add(4, [6, 7, 8])
-    bm.swap_out(4)
-    bm.take_copies()
+    bm = mixed_manager()
     bm.check()
     return bm
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+from managers import mixed_manager
 from pagedkv.impl import BlockManager, Scheduler, SchedulerConfig
 from pagedkv.spec import InvalidArgument, InvalidState, KVSpec, PagedKVError
 
@@ -33,16 +34,7 @@ class Liar(int):
 
 
 def manager():
-    """Running 1 (shared with its fork 2), waiting 3, swapped 4."""
-    bm = BlockManager(8, 2, num_cpu_blocks=3, prefix_caching=True)
-    bm.add(1, [1, 2, 3])
-    bm.fork(1, 2)
-    bm.add(3, [4, 5])
-    bm.preempt(3, "recompute")
-    bm.add(4, [6, 7, 8])
-    bm.swap_out(4)
-    bm.take_copies()
-    return bm
+    return mixed_manager()
 
 
 def scheduler():
