@@ -17,12 +17,17 @@ Rows (block size 16, contexts of ~1000 tokens):
 - add + free of a fresh 2k-token prompt, caching off and on;
 - the prefix lookup of a cached 32k-token prompt (vLLM: `get_computed_blocks` with the request's
   block hashes already computed, as its scheduler has them; pagedkv: `cached_prefix_tokens`, which
-  validates the prompt and hashes nothing twice), and add + free of that cached prompt;
+  validates every token of the prompt, then walks its content trie), and add + free of that prompt;
+- the fresh-prompt and lookup rows twice: with the prompt as a Python list on both sides, and with
+  pagedkv given it as an int64 numpy array (what a tokenizer returns with `return_tensors="np"`; a
+  list's tokens are validated one Python object at a time, an array's in a few vectorised passes);
 - memory per running sequence of ~1000 tokens (tracemalloc, bookkeeping only: both pools exist first);
 - the old self-made "simple engine" baseline of bench/allocator.py, one labelled row, for reference.
 
 Every row runs both sides in turn, `--reps` times interleaved; the table shows medians and the
 ratio peer time / pagedkv time (> 1: pagedkv is faster), and the machine's load before and after.
+No collection is forced before a timed call: a `gc.collect()` there leaves the caches cold and
+multiplied both sides' add + free times by 3 to 5 (measured), which is not what an engine sees.
 """
 
 import argparse
@@ -45,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from allocator import SimpleEngineBooks  # noqa: E402  (a sibling script, not a package)
 
 CONTEXT = 1000
+ARRAY_NOTE = " (pagedkv given an int64 array)"
 
 
 def prompt(rng: random.Random, length: int) -> list:
@@ -67,6 +73,10 @@ class VllmSide:
 
     def add(self, seq_id: int, tokens: list) -> None:
         self.subject.add(seq_id, tokens)
+
+    def admit(self, seq_id: int, tokens: list) -> None:
+        """`add`, then the worker's first write of the request's block-table row (decode rows)."""
+        self.add(seq_id, tokens)
         (ids,) = self.manager.get_block_ids(str(seq_id))
         self.table[seq_id, :len(ids)] = ids
         self.held[seq_id], self.lens[seq_id] = len(ids), len(tokens)
@@ -113,6 +123,8 @@ class PagedkvSide:
     def add(self, seq_id: int, tokens: list) -> None:
         self.bm.add(seq_id, tokens)
 
+    admit = add
+
     def free(self, seq_id: int) -> None:
         self.bm.free(seq_id)
 
@@ -144,7 +156,7 @@ def decode_rows(num_seqs: int, caching: bool, args, rng) -> dict:
     sides = [side(num_blocks, B, caching, num_seqs, max_blocks) for side in SIDES]
     for side in sides:
         for seq_id, tokens in enumerate(prompts):
-            side.add(seq_id, tokens)
+            side.admit(seq_id, tokens)
     seq_ids = list(range(num_seqs))
     times = {side.name: [] for side in sides}
     for rep in range(args.reps):
@@ -156,8 +168,9 @@ def decode_rows(num_seqs: int, caching: bool, args, rng) -> dict:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def add_free_rows(length: int, caching: bool, cached: bool, args, rng) -> dict:
-    """Median seconds of add + free of one prompt: fresh each time, or one already cached."""
+def add_free_rows(length: int, caching: bool, cached: bool, args, rng, as_array: bool = False) -> dict:
+    """Median seconds of add + free of one prompt: fresh each time, or one already cached. With
+    `as_array`, pagedkv is given the prompt as an int64 numpy array (vLLM always a list)."""
     B = args.block_size
     num_blocks = 2 * (-(-length // B)) + 8
     sides = [side(num_blocks, B, caching, 4, -(-length // B) + 1) for side in SIDES]
@@ -169,12 +182,12 @@ def add_free_rows(length: int, caching: bool, cached: bool, args, rng) -> dict:
     for rep in range(args.reps * 5):
         tokens = fixed if cached else prompt(rng, length)
         for side in sides:
-            gc.collect()
-            times[side.name].append(timed(lambda: (side.add(1, tokens), side.free(1))))
+            given = np.array(tokens, dtype=np.int64) if as_array and side.name == PagedkvSide.name else tokens
+            times[side.name].append(timed(lambda: (side.add(1, given), side.free(1))))
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def lookup_rows(length: int, args, rng) -> dict:
+def lookup_rows(length: int, args, rng, as_array: bool = False) -> dict:
     B = args.block_size
     num_blocks = -(-length // B) + 8
     vllm, paged = (side(num_blocks, B, True, 4, -(-length // B) + 1) for side in SIDES)
@@ -183,11 +196,12 @@ def lookup_rows(length: int, args, rng) -> dict:
         side.add(0, tokens)
         side.free(0)
     request = vllm.cached_request(1, tokens)
-    assert vllm.lookup(request) == paged.lookup(tokens) == (length - 1) // B * B, "both must hit every full block"
+    given = np.array(tokens, dtype=np.int64) if as_array else tokens
+    assert vllm.lookup(request) == paged.lookup(given) == (length - 1) // B * B, "both must hit every full block"
     times = {vllm.name: [], paged.name: []}
     for _ in range(args.reps * 5):
         times[vllm.name].append(timed(lambda: vllm.lookup(request)))
-        times[paged.name].append(timed(lambda: paged.lookup(tokens)))
+        times[paged.name].append(timed(lambda: paged.lookup(given)))
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -203,7 +217,7 @@ def memory_rows(num_seqs: int, args, rng) -> dict:
         side = side_type(num_seqs * max_blocks, B, True, num_seqs, max_blocks)
         before = tracemalloc.get_traced_memory()[0]
         for seq_id, tokens in enumerate(prompts):
-            side.add(seq_id, tokens)
+            side.admit(seq_id, tokens)
         gc.collect()
         result[side.name] = (tracemalloc.get_traced_memory()[0] - before) / num_seqs
         tracemalloc.stop()
@@ -245,9 +259,12 @@ def main(argv=None) -> int:
             rows.append((f"decode step, {n} seqs, caching {'on' if caching else 'off'}", decode_rows(n, caching, args, rng)))
     long = 4096 if args.quick else 32_768
     for caching in (False, True):
-        rows.append((f"add + free, fresh 2k prompt, caching {'on' if caching else 'off'}",
-                     add_free_rows(2048, caching, False, args, rng)))
-    rows.append((f"prefix lookup, cached {long // 1024}k prompt", lookup_rows(long, args, rng)))
+        for as_array in (False, True):
+            rows.append((f"add + free, fresh 2k prompt, caching {'on' if caching else 'off'}"
+                         f"{ARRAY_NOTE if as_array else ''}", add_free_rows(2048, caching, False, args, rng, as_array)))
+    for as_array in (False, True):
+        rows.append((f"prefix lookup, cached {long // 1024}k prompt{ARRAY_NOTE if as_array else ''}",
+                     lookup_rows(long, args, rng, as_array)))
     rows.append((f"add + free, cached {long // 1024}k prompt", add_free_rows(long, True, True, args, rng)))
     memory = memory_rows(256 if args.quick else 1024, args, rng)
     baseline = baseline_row(sizes[-1], args, rng)
