@@ -14,7 +14,7 @@ CONSTRAINTS=scripts/constraints.txt
 if ! "$PYTHON" -c "import torch" 2>/dev/null; then
     "$PYTHON" -m pip install --quiet -c "$CONSTRAINTS" torch
 fi
-"$PYTHON" -m pip install --quiet -c "$CONSTRAINTS" -e ".[test]"
+"$PYTHON" -m pip install --quiet -c "$CONSTRAINTS" -e ".[test,engines]"
 
 # redis-server backs the Redis campaign tests (tests/fuzz/test_redis_campaign.py; they start it on
 # 127.0.0.1). It comes from apt, so only root can install it here; without it those tests are
