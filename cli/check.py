@@ -43,8 +43,11 @@ def counterexamples(error: BaseException) -> list:
         for sub in inner:
             found += counterexamples(sub)
         return found
-    notes = [note for note in getattr(error, "__notes__", ()) if isinstance(note, str)]
-    return [{"error": f"{type(error).__name__}: {error}", "program": "\n".join(notes)}]
+    # Hypothesis adds "You can reproduce this example by ... @reproduce_failure(...)" where print_blob
+    # is on (its default when CI is set): advice for its own decorator, not part of the program.
+    notes = [note for note in getattr(error, "__notes__", ())
+             if isinstance(note, str) and not note.strip().startswith("You can reproduce this example")]
+    return [{"error": f"{type(error).__name__}: {error}", "program": "\n".join(notes).strip()}]
 
 
 def run_check(name: str, target: str, profile: str, kernel: str | None = None) -> dict:
