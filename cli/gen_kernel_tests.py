@@ -5,20 +5,21 @@ import pathlib
 
 import click
 
+from pagedkv.cli.common import OutputDir, OutputFile
+
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
 GRIDS = ("ci", "dev", "deep", "none")
 
 
-def _heads(text: str):
-    from pagedkv.fuzz.kernel_corpus import Heads
-
+def _heads(_ctx, _param, text: str) -> tuple:
+    """num_kv_heads,group,head_dim, checked while the command line is parsed (before torch loads)."""
     try:
         num_kv_heads, group, head_dim = (int(part) for part in text.split(","))
     except ValueError:
         raise click.BadParameter("give num_kv_heads,group,head_dim, e.g. 1,3,16") from None
     if min(num_kv_heads, group, head_dim) < 1:
         raise click.BadParameter("num_kv_heads, group and head_dim must be >= 1")
-    return Heads(num_kv_heads, group, head_dim)
+    return num_kv_heads, group, head_dim
 
 
 def _target(kernel):
@@ -33,14 +34,15 @@ def _target(kernel):
 
 
 @click.command("gen-kernel-tests")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Folder to write into.")
+@click.option("--out", "out_dir", required=True, type=OutputDir(), help="Folder to write into.")
 @click.option("--count", default=50, show_default=True, type=click.IntRange(1), help="Cases to keep.")
-@click.option("--seed", default=0, show_default=True, help="Seeds the state machine run and the sampling.")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**63 - 1),
+              help="Seeds the state machine run and the sampling.")
 @click.option("--max-blocks", default=24, show_default=True, type=click.IntRange(4), help="Largest GPU pool drawn.")
 @click.option("--max-block-size", default=8, show_default=True, type=click.IntRange(1), help="Largest block size drawn.")
 @click.option("--max-prompt", default=6, show_default=True, type=click.IntRange(0),
               help="Most prompt tokens after the shared prefix.")
-@click.option("--heads", default="1,3,16", show_default=True, help="num_kv_heads,group,head_dim.")
+@click.option("--heads", default="1,3,16", show_default=True, callback=_heads, help="num_kv_heads,group,head_dim.")
 @click.option("--dtype", "dtypes", multiple=True, default=("float32",), show_default=True,
               type=click.Choice(DTYPE_NAMES), help="Replay in this dtype (repeatable); a kernel that does not "
                                                    "declare a dtype (bfloat16 off CUDA) skips it.")
@@ -51,7 +53,7 @@ def _target(kernel):
                    "replay.json); with --check-kernels, also the kernel the state machine runs.")
 @click.option("--check-kernels/--no-check-kernels", default=False, show_default=True,
               help="Also run the kernels while generating (slow under the interpreter).")
-@click.option("--save-failures", type=click.Path(dir_okay=False), envvar="PAGEDKV_KERNEL_FAILURES",
+@click.option("--save-failures", type=OutputFile(dash=False), envvar="PAGEDKV_KERNEL_FAILURES",
               help="Failure corpus: shrunk failures are appended to it, and its cases are replayed too "
                    "[env: PAGEDKV_KERNEL_FAILURES].")
 def gen_kernel_tests(out_dir, count, seed, max_blocks, max_block_size, max_prompt, heads, dtypes, grid, kernel,
@@ -59,7 +61,7 @@ def gen_kernel_tests(out_dir, count, seed, max_blocks, max_block_size, max_promp
     """Run the kernel state machine, keep COUNT of the batches it checked as cases (corpus.jsonl), add
     the designed grid (grid.jsonl), and write test_kernel_replay.py, which replays every *.jsonl case
     file in OUT against $PAGEDKV_KERNEL, else --kernel, else pagedkv's own kernels."""
-    from pagedkv.fuzz.kernel_corpus import read_corpus, write_corpus, write_replay_module
+    from pagedkv.fuzz.kernel_corpus import Heads, read_corpus, write_corpus, write_replay_module
     from pagedkv.fuzz.kernel_kit.grids import designed_corpus
     from pagedkv.fuzz.kernel_kit.replay import write_folder_target
     from pagedkv.fuzz.kernel_machine import Limits, generate_cases
@@ -70,7 +72,7 @@ def gen_kernel_tests(out_dir, count, seed, max_blocks, max_block_size, max_promp
     limits = Limits(max_blocks=max_blocks, max_block_size=max_block_size, max_prompt=max_prompt)
     failure = None
     try:
-        cases = generate_cases(count, seed=seed, limits=limits, heads=_heads(heads), run_kernels=check_kernels,
+        cases = generate_cases(count, seed=seed, limits=limits, heads=Heads(*heads), run_kernels=check_kernels,
                                failures_path=save_failures, target=target)
     except AssertionError as error:
         cases, failure = [], error

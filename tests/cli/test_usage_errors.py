@@ -88,6 +88,7 @@ CASES = [
     (lambda f: ["demo", "--only", "nope"], "'nope' is not one of 'mixed'"),
     (lambda f: ["lab", "--lengths", "1,10000000"], "every length must lie in 1..1000000"),
     # gen-kernel-tests and fuzz
+    (lambda f: ["gen-kernel-tests", "--out", "gen", "--heads", "0,0,0"], "head_dim must be >= 1"),
     (lambda f: ["fuzz", "spec", "--seconds", "nan"], "--seconds must be a number in (0, 2592000], got nan"),
     (lambda f: ["fuzz", "spec", "--seconds", "inf"], "--seconds must be a number in (0, 2592000], got inf"),
     (lambda f: ["fuzz", "exiting_subject:factory"], "factory called sys.exit(3)"),
@@ -116,7 +117,8 @@ def test_bad_value_is_a_one_line_usage_error(files, case, expected, tmp_path, mo
 FAST = [["simulate", "x.jsonl", "--block-size", "0"], ["simulate", "x.jsonl", "--pool-gib", "1e300"],
         ["plan", "--block-size", "16", "--pool-gib", "1e300"], ["demo", "--new-tokens", "100000"],
         ["trace", "synth", "--out", "t.jsonl", "--num-requests", "1", "--seed", "-1"], ["prove", "--workers", "-1"],
-        ["check", "--only", "nope"], ["lab", "--block-size", "0"]]
+        ["check", "--only", "nope"], ["lab", "--block-size", "0"],
+        ["gen-kernel-tests", "--out", "gen", "--heads", "0,0,0"], ["gen-kernel-tests", "--out", "gen", "--seed", "-1"]]
 
 
 def test_usage_errors_come_before_heavy_imports():
