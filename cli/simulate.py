@@ -135,7 +135,7 @@ def simulate(trace_file, allocator, prefix_caching, block_size, pool_blocks, poo
     human = human_console(json_path)
     _print_table(human, results, summaries, cost.describe(), sweep_rows)
     for note in no_effect_notes(requests, summaries, prefix_caching, swap_bytes, block_size):
-        human.print(f"note: {note}", style="yellow", highlight=False)
+        human.print(f"note: {note}", style="yellow", highlight=False, soft_wrap=True)
     if out:
         for path in report.write_outputs(out, results, sweep_rows, cost.describe()):
             human.print(f"wrote {path}", highlight=False)
@@ -143,7 +143,7 @@ def simulate(trace_file, allocator, prefix_caching, block_size, pool_blocks, poo
         if 0 < s["rejected"] < len(requests):
             human.print(f"note: {s['allocator']} rejected {s['rejected']:,} of {len(requests):,} requests: "
                         f"{s['rejected_too_long']:,} longer than --max-model-len {max_seq_len}, "
-                        f"{s['rejected_too_large']:,} larger than the whole pool", style="yellow", highlight=False)
+                        f"{s['rejected_too_large']:,} larger than the whole pool", style="yellow", highlight=False, soft_wrap=True)
     everything_rejected = [s["allocator"] for s in summaries if s["rejected"] == len(requests)]
     if everything_rejected:
         human.print(f"[red]error:[/red] {', '.join(everything_rejected)}: every one of the {len(requests)} requests "
