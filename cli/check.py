@@ -100,7 +100,7 @@ def print_table(console, profile: str, rows: list, not_run: list, interrupted: b
     console.print(table)
     for row in rows:
         if not row["passed"]:
-            console.print(f"[red]{row['check']}[/red]: {failure_text(row) or 'failed'}", highlight=False)
+            console.print(f"[red]{row['check']}[/red]: {failure_text(row) or 'failed'}", highlight=False, soft_wrap=True)
 
 
 CHECK_HELP = "Run every verification and print one table; exit 1 if any check fails.\n\n\b\nChecks:\n" + "\n".join(
@@ -145,7 +145,7 @@ def check(profile, only, json_path, junit_path, kernel):
     passed = all(row["passed"] for row in rows) and not interrupted
     if interrupted:
         out.print(f"[yellow]interrupted[/yellow] after {format_duration(sum(r['seconds'] for r in rows))}: "
-                  f"{len(rows)} of {len(selected)} checks finished", highlight=False)
+                  f"{len(rows)} of {len(selected)} checks finished", highlight=False, soft_wrap=True)
     if json_path:
         write_json(json_path, {"profile": profile, "passed": passed, "interrupted": interrupted, "checks": rows,
                                "not_run": not_run})

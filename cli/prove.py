@@ -71,9 +71,9 @@ def prove(profile, json_path, workers):
     total = sum(step.total for step in steps.values())
     if interrupted:
         out.print(f"[yellow]interrupted[/yellow]: {len(results)} obligation results of {total} tasks finished; "
-                  f"{len(results) - len(failed)} hold", highlight=False)
+                  f"{len(results) - len(failed)} hold", highlight=False, soft_wrap=True)
     else:
-        out.print(f"{len(results) - len(failed)}/{len(results)} obligations hold", highlight=False)
+        out.print(f"{len(results) - len(failed)}/{len(results)} obligations hold", highlight=False, soft_wrap=True)
     if json_path:
         write_json(json_path, {"profile": profile, "passed": not failed and not interrupted,
                                "interrupted": interrupted, "obligations": as_json(results)})
@@ -93,4 +93,4 @@ def _print_results(out, profile: str, results: list) -> None:
     out.print(table)
     for r in results:
         if not r.passed:
-            out.print(f"[red]{r.name}[/red]\n{r.detail}", highlight=False)
+            out.print(f"[red]{r.name}[/red]\n{r.detail}", highlight=False, soft_wrap=True)

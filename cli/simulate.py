@@ -138,7 +138,7 @@ def simulate(trace_file, allocator, prefix_caching, block_size, pool_blocks, poo
         human.print(f"note: {note}", style="yellow", highlight=False, soft_wrap=True)
     if out:
         for path in report.write_outputs(out, results, sweep_rows, cost.describe()):
-            human.print(f"wrote {path}", highlight=False)
+            human.print(f"wrote {path}", highlight=False, soft_wrap=True)
     for s in summaries:
         if 0 < s["rejected"] < len(requests):
             human.print(f"note: {s['allocator']} rejected {s['rejected']:,} of {len(requests):,} requests: "
@@ -148,7 +148,7 @@ def simulate(trace_file, allocator, prefix_caching, block_size, pool_blocks, poo
     if everything_rejected:
         human.print(f"[red]error:[/red] {', '.join(everything_rejected)}: every one of the {len(requests)} requests "
                     f"was rejected (longer than --max-model-len {max_seq_len}, or larger than the whole pool); "
-                    "nothing was simulated", highlight=False)
+                    "nothing was simulated", highlight=False, soft_wrap=True)
         raise SystemExit(1)
 
 
@@ -217,7 +217,7 @@ def _print_table(console, results, summaries, cost: str, sweep_rows) -> None:
     for label, key, fmt in _ROWS:
         table.add_row(label, *(_cell(s, key, fmt) for s in summaries))
     console.print(table)
-    console.print(f"cost model: {cost}", highlight=False)
+    console.print(f"cost model: {cost}", highlight=False, soft_wrap=True)
     if sweep_rows:
         sweep = Table(title="paged block-size sweep at fixed pool bytes")
         for name in ("B", "blocks", "util", "bound", "expected", "waste MiB", "table len", "preempted"):

@@ -32,6 +32,13 @@ def pytest_terminal_summary(terminalreporter, config):
                                     "(the same tests run at CPU size unmarked; scripts/gpu_check.sh runs them on a GPU)")
 
 
+@pytest.fixture(autouse=True)
+def piped_width(monkeypatch):
+    """Commands print tables at the terminal's width, and COLUMNS sets it. Tests read output as piped
+    output (natural width, nothing folded), whatever terminal or CI runner pytest itself runs in."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def same_examples_on_every_worker():
     """Hypothesis mixes literals from every *local* module imported so far into its draws. Which
