@@ -12,8 +12,16 @@ The allocator and scheduler names are exported here; engine and sim are imported
 (they pull in the kernels and plotting).
 """
 
-from .alloc import PREEMPT_MODES, BlockManager, Copies
-from .sched import Prefill, Scheduler, SchedulerConfig, SchedulerOutput
+import importlib
 
-__all__ = ["BlockManager", "Copies", "PREEMPT_MODES", "Prefill", "Scheduler", "SchedulerConfig",
-           "SchedulerOutput"]
+#: exported name -> the room that defines it. Resolved on first use, so importing `pagedkv.impl.sim`
+#: (the planner, traces) does not pay for torch, which the allocator needs.
+_EXPORTS = {"BlockManager": "alloc", "Copies": "alloc", "PREEMPT_MODES": "alloc", "Prefill": "sched",
+            "Scheduler": "sched", "SchedulerConfig": "sched", "SchedulerOutput": "sched"}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'pagedkv.impl' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
