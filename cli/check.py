@@ -7,6 +7,7 @@ import xml.etree.ElementTree as ET
 
 import click
 
+from pagedkv.fuzz.findings import counterexamples
 from pagedkv.cli.common import OutputFile, format_duration, human_console, json_option, write_json
 
 #: (check name, "module:function", what it checks); each function takes the profile name and returns
@@ -31,23 +32,6 @@ KERNEL_CHECKS = ("kernels", "kernel-state")
 #: until this machine has a run of its own to go by (progress.expected_seconds).
 EXPECTED_CI_S = {"spec-stateful": 20, "proofs": 140, "differential": 230, "conformance": 35, "kernels": 30,
                  "kernel-state": 250, "engine": 45}
-
-
-def counterexamples(error: BaseException) -> list:
-    """Every distinct failure in `error`, with the program that shows it. Hypothesis attaches the
-    shrunk program to each failure as notes ("Falsifying example:", "state = ...", ...) and wraps
-    several distinct failures in an exception group."""
-    found = []
-    inner = getattr(error, "exceptions", None)
-    if isinstance(inner, (list, tuple)):
-        for sub in inner:
-            found += counterexamples(sub)
-        return found
-    # Hypothesis adds "You can reproduce this example by ... @reproduce_failure(...)" where print_blob
-    # is on (its default when CI is set): advice for its own decorator, not part of the program.
-    notes = [note for note in getattr(error, "__notes__", ())
-             if isinstance(note, str) and not note.strip().startswith("You can reproduce this example")]
-    return [{"error": f"{type(error).__name__}: {error}", "program": "\n".join(notes).strip()}]
 
 
 def run_check(name: str, target: str, profile: str, kernel: str | None = None) -> dict:

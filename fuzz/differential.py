@@ -25,6 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from pagedkv.impl import BlockManager, Scheduler, SchedulerConfig
 from pagedkv.spec import RUNNING, InvalidArgument, KVSpec, OutOfBlocks, PagedKVError, slot_of
 
+from .findings import counterexamples
 from .profiles import check_profile, settings_for
 from .strategies import (CACHE_HIT, COW, EVICTION, OUT_OF_BLOCKS, FreshIds, bind, pool_configs,
                          prompts as prompt_strategy, tokens)
@@ -366,7 +367,7 @@ def run_differential_check(profile: str, **overrides) -> dict:
     """Run both machines under a profile (with settings `overrides`); a dict for `pagedkv check`'s report."""
     check_profile(profile)
     chosen = differential_settings(profile, **overrides)
-    tally = Counter()
+    tally, found = Counter(), []
     started = time.monotonic()
     try:
         run_state_machine_as_test(bind(DifferentialMachine, tally=tally), settings=chosen)
@@ -374,6 +375,8 @@ def run_differential_check(profile: str, **overrides) -> dict:
         passed, detail = True, "BlockManager and Scheduler match KVSpec on every observable"
     except Exception as failure:  # noqa: BLE001 -- any failure is a finding to report
         passed, detail = False, f"divergence: {type(failure).__name__}: {failure}"
+        found = counterexamples(failure)
     paths = ", ".join(f"{path} {n}" for path, n in sorted(tally.items()) if path not in ("examples", "steps"))
     return {"name": "differential", "covered": f"{tally['examples']} examples / {tally['steps']} steps",
-            "passed": passed, "detail": f"{detail} ({time.monotonic() - started:.1f}s); paths: {paths}"}
+            "passed": passed, "detail": f"{detail} ({time.monotonic() - started:.1f}s); paths: {paths}",
+            "counterexamples": found}

@@ -39,6 +39,7 @@ from pagedkv.spec import PagedKVError
 from .kernel_corpus import (FAILURES_ENV, Heads, check_attention, kv_values, make_case, prefix_keys, queries,
                             read_back_problem, save_failures)
 from .kernel_kit.protocol import Requirement, load_kernel, skip_reason
+from .findings import counterexamples
 from .profiles import EFFORT, kernel_settings_for, settings_for
 from .spec_machine import ALPHABET, SHARED_PREFIXES, tokens_st
 from .strategies import (CACHE_HIT, COW, RECOMPUTE, RESUME, SCHEDULER_STEP, STEP_PREEMPT, SWAP, FreshIds,
@@ -423,7 +424,7 @@ def run_kernel_state_check(profile: str, kernel: str | None = None) -> dict:
         tally = run_kernel_machine(profile, target=target) + run_kernel_machine(profile, scheduled=True, target=target)
     except Exception as error:  # the machine's failure, already shrunk (and saved if a path is set)
         saved = os.environ.get(FAILURES_ENV)
-        return {"name": "kernel-state", "covered": "-", "passed": False,
+        return {"name": "kernel-state", "covered": "-", "passed": False, "counterexamples": counterexamples(error),
                 "detail": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
                           + (f" (case appended to {saved})" if saved else "")}
     missed = [path for path in PATHS if not tally[path]]
