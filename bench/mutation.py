@@ -47,7 +47,9 @@ CLI = [sys.executable, "-c", "from pagedkv.cli.main import main; main()"]
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:randomly"]
 #: check name -> (argv, which targets it judges: "spec", "impl" or both).
 CHECKS = {
-    "unit": (PYTEST + ["tests/spec", "tests/impl/test_block_manager.py", "tests/impl/test_scheduler.py"],
+    "unit": (PYTEST + ["tests/spec", "tests/impl/test_block_manager.py", "tests/impl/test_scheduler.py",
+                       "tests/impl/test_spec_agreement.py", "tests/impl/test_fault_injection.py",
+                       "tests/impl/test_copy_order.py", "tests/impl/test_scheduler_faults.py"],
              ("spec", "impl")),
     "spec-stateful": (PYTEST + ["tests/fuzz/test_spec_machine.py"], ("spec",)),
     "differential": (PYTEST + ["tests/fuzz/test_differential.py", "-k", "not scheduler"], ("spec", "impl")),
