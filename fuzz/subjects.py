@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass
 
 from .guard import Deadline, SubjectFault
+from .targets import factory_in, split_target
 from .harness import (CAPABILITIES, DEFAULT_CAPABILITIES, PROTOCOL, SWAP_PROTOCOL, ConfigSpaceError,
                       declared_config_space, probe_config)
 
@@ -57,18 +58,10 @@ def resolve(target: str, block_sizes: tuple = None) -> Subject:
     if name in RELEASED and (at or target == name):  # plain `vllm`: the pinned release
         return _released(target, name, release or None, block_sizes)
     spec = NAMED.get(target, target)
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise UsageError(f"bad target {target!r}: use 'spec', 'impl' or 'module:factory'")
+    module_name, attr = split_target(target, spec, UsageError, "'spec', 'impl' or 'module:factory'")
     _refuse_file_path(target, module_name, attr)
     module = _import(target, module_name)
-    factory = module
-    for part in attr.split("."):
-        factory = getattr(factory, part, None)
-        if factory is None:
-            raise UsageError(f"target {target!r}: module {module_name!r} has no attribute {attr!r}")
-    if not callable(factory):
-        raise UsageError(f"target {target!r}: {attr!r} is a {type(factory).__name__}, not a callable factory")
+    factory = factory_in(module, target, module_name, attr, UsageError)
     capabilities, space = _probe(target, factory, block_sizes)
     where = os.path.dirname(os.path.abspath(getattr(module, "__file__", "") or ""))
     return Subject(target, factory, capabilities, "" if target in NAMED else where, space)

@@ -64,6 +64,8 @@ from typing import Callable, Protocol, runtime_checkable
 
 import torch
 
+from ..targets import factory_in, split_target
+
 __all__ = [
     "CAPABILITIES", "NAMED", "KernelTargetError", "PagedAttentionKernel", "Declaration", "Requirement",
     "LoadedKernel", "declaration_of", "load_kernel", "skip_reason",
@@ -205,16 +207,9 @@ def load_kernel(target: str | None = None) -> LoadedKernel:
     call the factory once and check the object it returns. Raises KernelTargetError with the reason."""
     target = target or os.environ.get(KERNEL_ENV) or "pagedkv"
     spec = NAMED.get(target, target)
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise KernelTargetError(f"bad kernel target {target!r}: use 'module:factory' or one of {sorted(NAMED)}")
-    factory = _import(target, module_name)
-    for part in attr.split("."):
-        factory = getattr(factory, part, None)
-        if factory is None:
-            raise KernelTargetError(f"target {target!r}: module {module_name!r} has no attribute {attr!r}")
-    if not callable(factory):
-        raise KernelTargetError(f"target {target!r}: {attr!r} is a {type(factory).__name__}, not a factory")
+    module_name, attr = split_target(target, spec, KernelTargetError, f"'module:factory' or one of {sorted(NAMED)}",
+                                     kind="kernel target")
+    factory = factory_in(_import(target, module_name), target, module_name, attr, KernelTargetError, noun="factory")
     try:
         kernel = factory()
     except Exception as error:  # the user's factory: report why it failed, do not crash the run
