@@ -7,6 +7,8 @@ may disagree with its value. `int.__index__(x)` reads the value itself, so every
 looked up is a plain int.
 """
 
+import marshal
+
 import numpy as np
 import torch
 
@@ -14,6 +16,12 @@ from pagedkv.spec import InvalidArgument
 from pagedkv.spec.arguments import MAX_TOKEN, check_seq_id, check_token, is_int, require
 
 TORCH_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+# marshal format 2 writes a list (or tuple) as its tag byte and a 4-byte count, then each item; an
+# exact `int` that fits in 32 signed bits is the tag "i" and its 4 bytes, little-endian. Anything
+# else (a bool, an int subclass, a float, a numpy scalar, a larger int) is written otherwise or
+# refused, so a dump of exactly this layout is a list of plain ints, read in one C pass.
+MARSHAL_INT = np.dtype([("tag", "u1"), ("value", "<i4")])
+MARSHAL_INT_TAG = ord("i")
 
 
 def plain_seq_id(seq_id) -> int:
@@ -48,6 +56,9 @@ def check_prompt(tokens) -> np.ndarray:
         return array if array is not tokens else array.copy()
     if not (isinstance(tokens, (list, tuple)) and len(tokens) > 0):
         raise InvalidArgument(f"a prompt is a non-empty list of tokens, got {_short(tokens)}")
+    array = _small_plain_ints(tokens)
+    if array is not None:
+        return array
     if set(map(type, tokens)) == {int}:
         try:
             array = np.array(tokens, dtype=np.int64)
@@ -56,6 +67,23 @@ def check_prompt(tokens) -> np.ndarray:
         except OverflowError:
             pass
     return np.array([plain_token(token) for token in tokens], dtype=np.int64)   # names the bad one
+
+
+def _small_plain_ints(tokens):
+    """A list or tuple of plain ints in 0..2**31-1 as int64 (None when it is anything else: the
+    caller then checks it item by item). One marshal dump types and reads every item in C, about
+    three times faster than a type pass plus a conversion over the Python objects."""
+    try:
+        dump = marshal.dumps(tokens, 2)
+    except ValueError:   # an item marshal cannot write (an int subclass, a numpy scalar, ...)
+        return None
+    if len(dump) != 5 + MARSHAL_INT.itemsize * len(tokens):
+        return None
+    items = np.frombuffer(dump, MARSHAL_INT, offset=5)
+    if not (items["tag"] == MARSHAL_INT_TAG).all():
+        return None
+    array = items["value"].astype(np.int64)
+    return array if len(array) == 0 or array.min() >= 0 else None
 
 
 def check_token_batch(tokens) -> np.ndarray:
@@ -73,6 +101,9 @@ def check_token_batch(tokens) -> np.ndarray:
         require(not (array < 0).any(), "tokens are ints in 0..2**63-1")
         return array
     require(isinstance(tokens, (list, tuple)), f"tokens must be a list, got {type(tokens).__name__}")
+    array = _small_plain_ints(tokens)
+    if array is not None:
+        return array
     if set(map(type, tokens)) - {int}:
         tokens = [plain_token(token) for token in tokens]
     try:

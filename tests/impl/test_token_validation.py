@@ -1,0 +1,69 @@
+"""A token list is validated in C passes (a marshal dump read by numpy) with a per-item fallback:
+whatever the items, the allocator accepts exactly what the spec's per-item check accepts, stores
+the same values, and refuses the rest with InvalidArgument and nothing changed."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from pagedkv.impl import BlockManager
+from pagedkv.spec import InvalidArgument
+from pagedkv.spec.arguments import check_prompt as spec_check_prompt
+
+from test_fault_injection import manager_state
+
+
+class Small(int):
+    """An int subclass: accepted by its value."""
+
+
+def item_kinds():
+    plain = st.one_of(st.integers(0, 40), st.integers(2 ** 31 - 3, 2 ** 31 + 3), st.integers(2 ** 63 - 2, 2 ** 63 + 1),
+                      st.integers(-3, -1))
+    return st.one_of(
+        plain, plain,   # mostly plain ints, on both sides of the 32-bit and 64-bit edges
+        st.booleans(),
+        plain.filter(lambda n: n >= 0).map(Small),
+        st.integers(0, 100).map(np.int64), st.integers(0, 100).map(np.int32), st.integers(0, 100).map(np.uint8),
+        st.floats(0, 10).map(float), st.just(np.float64(1.0)), st.just("7"), st.none(), st.just([1]),
+    )
+
+
+def spec_answer(tokens):
+    try:
+        return [int.__index__(t) for t in spec_check_prompt(tokens)]
+    except InvalidArgument:
+        return InvalidArgument
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(st.lists(item_kinds(), min_size=1, max_size=12), st.booleans())
+def test_a_prompt_passes_exactly_when_the_spec_passes_it(tokens, as_tuple):
+    given_tokens = tuple(tokens) if as_tuple else tokens
+    expected = spec_answer(given_tokens)
+    bm = BlockManager(64, 4)
+    decoding = [10 + i for i in range(len(tokens))]
+    for seq_id in decoding:
+        bm.add(seq_id, [5, 5])
+    before = manager_state(bm)
+    if expected is InvalidArgument:
+        with pytest.raises(InvalidArgument):
+            bm.add(1, given_tokens)
+        assert manager_state(bm) == before
+        with pytest.raises(InvalidArgument):
+            bm.append_batch(decoding, given_tokens)
+        assert manager_state(bm) == before
+        return
+    bm.add(1, given_tokens)
+    assert bm.tokens(1) == expected and all(type(t) is int for t in bm.tokens(1))
+    bm.append_batch(decoding, given_tokens)
+    assert [bm.tokens(seq_id)[-1] for seq_id in decoding] == expected
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.lists(st.integers(0, 2 ** 31 - 1), min_size=1, max_size=600))
+def test_long_plain_lists_are_stored_as_given(tokens):
+    bm = BlockManager(200, 16)
+    bm.add(1, tokens)
+    assert bm.tokens(1) == tokens
+    assert bm.cached_prefix_tokens(tokens) == 0
