@@ -182,7 +182,7 @@ def test_results_resume_and_survivors_are_judged_again_by_ident(checks, tmp_path
 
 def test_a_results_file_of_another_commit_is_refused(checks, tmp_path):
     results = tmp_path / "results.jsonl"
-    results.write_text(json.dumps({"ident": DUPLICATE_RAISE, "commit": "0000000", "profile": "dev"}) + "\n")
+    results.write_text(json.dumps({"ident": DUPLICATE_RAISE, "commit": "0000000", "setup": "abc"}) + "\n")
     with pytest.raises(SystemExit, match="measured on 0000000"):
         mutation.main(["--files", SPEC, "--results", str(results), "--only", DUPLICATE_RAISE])
 
