@@ -93,10 +93,10 @@ class BlockManager:
         self.num_blocks, self.block_size, self.num_cpu_blocks = num_blocks, block_size, num_cpu_blocks
         self.prefix_caching = prefix_caching
         self.journal = Journal()
-        self.cache = PrefixCache(self.journal) if prefix_caching else None
+        self.block_tokens = np.zeros((num_blocks, block_size), dtype=np.int64)
+        self.cache = PrefixCache(self.journal, self.block_tokens) if prefix_caching else None
         self.pool = BlockPool(num_blocks, self.journal, self.cache)
         self.cpu_pool = CpuPool(num_cpu_blocks, block_size, self.journal)
-        self.block_tokens = np.zeros((num_blocks, block_size), dtype=np.int64)
         self.rows = RowTables(max_seqs, max_blocks_per_seq, self.device, self.journal)
         self.row_of: dict = {}                # seq_id -> row, in creation order
         self.copies = PendingCopies(self.device, self.journal)
@@ -353,7 +353,7 @@ class BlockManager:
         that changes nothing)."""
         tokens = check_prompt(tokens)
         B = self.block_size
-        return len(self.cache.lookup(tokens.tobytes(), (len(tokens) - 1) // B, B)) * B if self.cache else 0
+        return len(self.cache.lookup(tokens, (len(tokens) - 1) // B)) * B if self.cache else 0
 
     @_locked
     def refcount(self, block: int) -> int:
@@ -488,7 +488,7 @@ class BlockManager:
         (nothing changed) when they are not there. Hits waiting in the LRU are not available.
         At most (len - 1) // B blocks hit: the prompt's last token is always computed."""
         B = self.block_size
-        hits = self.cache.lookup(tokens.tobytes(), (len(tokens) - 1) // B, B) if self.cache else []
+        hits = self.cache.lookup(tokens, (len(tokens) - 1) // B) if self.cache else []
         needed = blocks_needed(len(tokens), B) - len(hits)
         available = self.pool.num_free() - sum(1 for b in hits if self.pool.ref_count[b] == 0)
         if needed > available:
@@ -519,7 +519,7 @@ class BlockManager:
         if stop > first:
             blocks = table[first:stop]
             parents = table[first - 1:stop - 1] if first else [-1, *table[:stop - 1]]
-            self.cache.fill(blocks, parents, self.block_tokens[blocks].tobytes())
+            self.cache.fill(blocks, parents)
 
     def _plan_append(self, rows: np.ndarray):
         """For appending one token to each row in this order: who needs a fresh tail (tail full)
@@ -561,11 +561,11 @@ class BlockManager:
 
     def _index_filled_tails(self, rows: np.ndarray) -> None:
         """Index the tail block each of these rows just filled, after the block before it, in
-        batch order (all gathered in a few numpy operations, one cache call per block)."""
+        batch order (gathered in a few numpy operations, indexed in one batched cache call)."""
         held = self.rows.num_held[rows]
         tails = self.rows.tails(rows)
         parents = np.where(held > 1, self.rows.blocks_at(rows, np.maximum(held - 2, 0)), -1)
-        self.cache.fill(tails.tolist(), parents.tolist(), self.block_tokens[tails].tobytes())
+        self.cache.fill(tails, parents)
 
     def _copy_on_write(self, rows, src, dst) -> list:
         if not len(rows):

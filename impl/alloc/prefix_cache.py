@@ -1,127 +1,469 @@
 """Prefix cache: full blocks indexed by their exact content, as the spec's.
 
-What a full block holds is its *content*: its tokens after one exact prefix. Contents are interned
-as a trie, one `Content` node per distinct prefix of full blocks, each node keyed in its parent by
-its block's tokens as raw int64 bytes. A node knows its *holders*: the indexed blocks whose KV is
-that prefix. So the index is exact by construction (Python's dict confirms every key by equality;
-no hash of ours can collide), and it is the spec's: every block is indexed when it fills, beside any
-equal block already indexed; a hit takes the lowest-numbered holder; an evicted or wiped block
-leaves only its own node's holders, so an equal block still serves.
+What a full block holds is its *content*: its tokens after one exact prefix. Each distinct prefix
+of full blocks is one *content node*, an id into a few numpy arrays (its parent node, its 64-bit
+prefix key, its lowest holder, how many child nodes it has). The *holders* of a node are the
+indexed blocks whose KV is that prefix, kept as a list sorted by block id and linked through a
+per-block array, so the head serves a hit (the spec's lowest-numbered holder). `block_node[b]` is
+the node block b is indexed under (-1: not indexed). Nothing is stored per node that the pool does
+not hold already: a node's tokens are its holders' tokens (`block_tokens`); only a node nobody
+holds any more but that still has children keeps a copy of its tokens, in `orphans`.
 
-A lookup walks the trie with the prompt's blocks, one dict probe per block on bytes sliced from one
-buffer, and stops at the first prefix nobody holds. A node lives while it has holders or children.
+Nodes are found by key (`content_keys.py`): `by_key` files one node per key, `collided` any further
+nodes whose key is taken (in practice never). A key only proposes a candidate; the index confirms
+it by its parent node and its tokens, so it is exact (no hash can collide into a wrong hit) and it
+is the spec's: every block is indexed when it fills, beside any equal block already indexed; a
+hit takes the lowest-numbered holder; an evicted or wiped block leaves only its own node's
+holders, so an equal block still serves. A node lives while it has holders or children.
+
+The hot paths are batched: a lookup keys the whole prompt with one cumsum and confirms every
+candidate in a few array passes; a decode step's filled blocks (each after a block indexed
+before) and a prompt's blocks (a chain) are keyed, probed and linked in one pass; an eviction
+unlinks its blocks in one pass. Anything unusual (an equal block already indexed, a key taken, a
+block already indexed) takes the sequential path, which handles every case.
 
 Every change goes through the manager's journal (`journal.py`), so a failed operation is undone.
 """
 
+from itertools import repeat
 
-class Content:
-    """One prefix of full blocks: the last block's tokens (bytes) after the parent prefix."""
+import numpy as np
 
-    __slots__ = ("parent", "key", "children", "holders")
+from .content_keys import ROOT, ContentKeys, dict_key, dict_keys, step
 
-    def __init__(self, parent, key: bytes):
-        self.parent, self.key = parent, key
-        self.children: dict = {}   # block tokens (int64 bytes) -> Content
-        self.holders: set = set()  # indexed blocks holding exactly this prefix
+NONE = -1       # no node / no holder / no block
+FREED = -2      # `node_parent` of a node id that is not in use
 
 
 class PrefixCache:
-    def __init__(self, journal):
+    def __init__(self, journal, block_tokens: np.ndarray):
         self.journal = journal
-        self.root = Content(None, b"")
-        self.content_of: dict = {}   # indexed block -> its Content
+        self.block_tokens = block_tokens                 # the pool's: the manager writes it
+        num_blocks, block_size = block_tokens.shape
+        self.keys = ContentKeys(block_size)
+        self.block_node = np.full(num_blocks, NONE, dtype=np.int64)
+        self.next_holder = np.full(num_blocks, NONE, dtype=np.int64)   # holder lists, ascending
+        # Node arrays start at one node per pool block (the most that can be held at once) and
+        # double when nodes nobody holds pile up; unused ids are FREED and listed in `free_nodes`.
+        self.node_parent = np.full(num_blocks, FREED, dtype=np.int64)
+        self.node_key = np.zeros(num_blocks, dtype=np.uint64)
+        self.node_holder = np.full(num_blocks, NONE, dtype=np.int64)
+        self.node_children = np.zeros(num_blocks, dtype=np.int64)
+        self.nodes_used = 0                              # ids below this were handed out once
+        self.free_nodes: list = []
+        self.by_key: dict = {}                           # dict key -> node
+        self.collided: dict = {}                         # dict key -> further nodes (a tuple)
+        self.orphans: dict = {}                          # node nobody holds -> a copy of its tokens
+
+    # ---------------------------------------------------------------- queries
 
     def is_indexed(self, block: int) -> bool:
-        return block in self.content_of
+        return self.block_node[block] != NONE
 
-    def lookup(self, token_bytes: bytes, max_blocks: int, block_size: int) -> list:
-        """The lowest-numbered holder of each leading full block of a prompt given as int64 bytes,
-        at most `max_blocks` of them, up to the first prefix that nobody holds."""
-        step, node, hits = 8 * block_size, self.root, []
-        for start in range(0, max_blocks * step, step):
-            node = node.children.get(token_bytes[start:start + step])
-            if node is None or not node.holders:
-                break
-            hits.append(min(node.holders))
-        return hits
+    def indexed(self, blocks: np.ndarray) -> np.ndarray:
+        """Which of these blocks are indexed (a bool array)."""
+        return self.block_node[blocks] != NONE
 
-    def fill(self, blocks: list, parents: list, block_bytes: bytes) -> None:
+    def lookup(self, tokens: np.ndarray, max_blocks: int) -> list:
+        """The lowest-numbered holder of each leading full block of an int64 prompt, at most
+        `max_blocks` of them, up to the first prefix that nobody holds."""
+        if max_blocks <= 0:
+            return []
+        rows = tokens[:max_blocks * self.block_tokens.shape[1]].reshape(max_blocks, -1)
+        keys = self.keys.chain(ROOT, self.keys.block_hashes(rows))
+        names = dict_keys(keys)
+        found = np.fromiter(map(self.by_key.get, names, repeat(NONE)), np.int64, max_blocks)
+        previous = np.concatenate(([NONE], found[:-1]))
+        safe = np.maximum(found, 0)
+        holders = self.node_holder[safe]
+        confirmed = (found != NONE) & (self.node_parent[safe] == previous) & (holders != NONE)
+        confirmed &= (self.block_tokens[np.maximum(holders, 0)] == rows).all(axis=1)
+        hits = int(np.argmin(confirmed)) if not confirmed.all() else max_blocks
+        served = holders[:hits].tolist()
+        if hits < max_blocks and found[hits] != NONE and self.collided:
+            self._lookup_sequentially(served, names, rows, hits, int(found[hits - 1]) if hits else NONE)
+        return served
+
+    def _lookup_sequentially(self, served: list, names: list, rows, start: int, parent: int) -> None:
+        """Go on from block `start` one candidate list at a time (a key is shared)."""
+        for name, row in zip(names[start:], rows[start:]):
+            node = self._find(name, parent, row)
+            if node == NONE or self.node_holder[node] == NONE:
+                return
+            served.append(int(self.node_holder[node]))
+            parent = node
+
+    # ---------------------------------------------------------------- fill
+
+    def fill(self, blocks, parents) -> None:
         """Index each of `blocks`, in order, which just became full after the block `parents[i]`
-        (-1: a sequence's first block); `block_bytes` holds their tokens, as int64, one block after
-        another. A block already indexed keeps its content. One undo record for the whole batch."""
-        log = []   # what was done, in order: (node, block) holder added, (node, None) node created
-        self.journal.undo.append((self._undo_fill, (log,)))
-        content_of, root = self.content_of, self.root
-        step = len(block_bytes) // max(len(blocks), 1)
-        for i, (block, parent_block) in enumerate(zip(blocks, parents)):
-            if block in content_of:
+        (-1: a sequence's first block; else a block indexed before, or an earlier one of these).
+        A block already indexed keeps its content."""
+        blocks = np.asarray(blocks, dtype=np.int64)
+        parents = np.asarray(parents, dtype=np.int64)
+        if not len(blocks):
+            return
+        hashes = self.keys.block_hashes(self.block_tokens[blocks])
+        if (self.block_node[blocks] != NONE).any():
+            self._fill_sequentially(blocks, parents, hashes)
+        elif len(blocks) > 1 and (parents[1:] == blocks[:-1]).all() and self._known(parents[:1]):
+            self._fill_chain(blocks, int(parents[0]), hashes)
+        elif self._known(parents):
+            self._fill_each(blocks, parents, hashes)
+        else:
+            self._fill_sequentially(blocks, parents, hashes)
+
+    def _known(self, parents: np.ndarray) -> bool:
+        """Each of these parent blocks is -1 or indexed already."""
+        return bool(((parents == NONE) | (self.block_node[np.maximum(parents, 0)] != NONE)).all())
+
+    def _parent_nodes(self, parents: np.ndarray):
+        nodes = np.where(parents == NONE, NONE, self.block_node[np.maximum(parents, 0)])
+        keys = np.where(nodes == NONE, np.uint64(ROOT), self.node_key[np.maximum(nodes, 0)])
+        return nodes, keys
+
+    def _fill_each(self, blocks, parents, hashes) -> None:
+        """Blocks that each follow a block indexed before (a decode step's): all new contents
+        with distinct keys, in one pass; anything else sequentially."""
+        nodes, parent_keys = self._parent_nodes(parents)
+        keys = self.keys.after(parent_keys, hashes)
+        names = dict_keys(keys)
+        if len(set(names)) < len(names) or any(map(self.by_key.__contains__, names)):
+            self._fill_sequentially(blocks, parents, hashes)
+            return
+        self._link(self._new_nodes(len(blocks)), blocks, nodes, keys, names)
+
+    def _fill_chain(self, blocks, parent: int, hashes) -> None:
+        """Consecutive blocks of one table after `parent` (a prompt's): the leading ones whose
+        prefix exists join it, the rest are new contents, linked in one pass."""
+        start_node, start_key = (int(x[0]) for x in self._parent_nodes(np.array([parent])))
+        keys = self.keys.chain(start_key, hashes)
+        names = dict_keys(keys)
+        found = np.fromiter(map(self.by_key.get, names, repeat(NONE)), np.int64, len(names))
+        existing = self._existing_prefix(found, start_node, self.block_tokens[blocks])
+        for block, node in zip(blocks[:existing].tolist(), found[:existing].tolist()):
+            self._join(node, block)
+        rest = names[existing:]
+        if not rest:
+            return
+        if (found[existing:] != NONE).any() or len(set(rest)) < len(rest):
+            self._fill_sequentially(blocks[existing:], blocks[existing - 1:-1] if existing else
+                                    np.concatenate(([parent], blocks[:-1])), hashes[existing:])
+            return
+        new = self._new_nodes(len(rest))
+        before = int(found[existing - 1]) if existing else start_node
+        self._link(new, blocks[existing:], np.concatenate(([before], new[:-1])), keys[existing:], rest)
+
+    def _existing_prefix(self, found, parent: int, rows) -> int:
+        """How many leading candidates are confirmed: the right parent and the same tokens."""
+        previous = np.concatenate(([parent], found[:-1]))
+        safe = np.maximum(found, 0)
+        holders = self.node_holder[safe]
+        same = (found != NONE) & (self.node_parent[safe] == previous)
+        same &= (self.block_tokens[np.maximum(holders, 0)] == rows).all(axis=1) | (holders == NONE)
+        for i in np.flatnonzero(same & (holders == NONE)).tolist():   # nobody holds it: its copy
+            same[i] = np.array_equal(self.orphans[int(found[i])], rows[i])
+        return int(np.argmin(same)) if not same.all() else len(found)
+
+    def _fill_sequentially(self, blocks, parents, hashes) -> None:
+        """The general path: one block at a time, finding or filing its content."""
+        for block, parent, block_hash, row in zip(blocks.tolist(), parents.tolist(), hashes.tolist(),
+                                                  self.block_tokens[blocks]):
+            if self.block_node[block] != NONE:
                 continue
-            parent = root if parent_block < 0 else content_of[parent_block]
-            key = block_bytes[i * step:(i + 1) * step]
-            node = parent.children.get(key)
-            if node is None:
-                node = Content(parent, key)
-                log.append((node, None))
-                parent.children[key] = node
-            log.append((node, block))
-            node.holders.add(block)
-            content_of[block] = node
+            parent_node = NONE if parent == NONE else int(self.block_node[parent])
+            if parent != NONE and parent_node == NONE:
+                raise RuntimeError(f"block {block} fills after block {parent}, which is not indexed")
+            key = step(ROOT if parent_node == NONE else int(self.node_key[parent_node]), block_hash)
+            node = self._find(dict_key(key), parent_node, row)
+            if node == NONE:
+                new = self._new_nodes(1)
+                self._link(new, np.array([block]), np.array([parent_node]), np.array([key], dtype=np.uint64),
+                           [dict_key(key)])
+            else:
+                self._join(node, block)
+
+    def _find(self, name: int, parent: int, row) -> int:
+        """The node filed under `name` with this parent and these tokens, or -1."""
+        first = self.by_key.get(name)
+        if first is None:
+            return NONE
+        for node in (first, *self.collided.get(name, ())):
+            if self.node_parent[node] == parent and np.array_equal(self._tokens(node), row):
+                return node
+        return NONE
+
+    def _tokens(self, node: int) -> np.ndarray:
+        holder = self.node_holder[node]
+        return self.orphans[node] if holder == NONE else self.block_tokens[holder]
+
+    def _link(self, new, blocks, parent_nodes, keys, names: list) -> None:
+        """Make `new[i]` the content of `blocks[i]` (its only holder) after `parent_nodes[i]`."""
+        journal = self.journal
+        journal.assign(self.node_parent, new, parent_nodes)
+        journal.assign(self.node_key, new, keys)
+        journal.assign(self.node_holder, new, blocks)
+        journal.assign(self.node_children, new, 0)
+        journal.assign(self.next_holder, blocks, NONE)
+        journal.assign(self.block_node, blocks, new)
+        extended = parent_nodes[parent_nodes != NONE]
+        journal.save(self.node_children, extended)
+        np.add.at(self.node_children, extended, 1)
+        self._file(names, new.tolist())
+
+    def _join(self, node: int, block: int) -> None:
+        """`block` becomes one more holder of `node`, in block order."""
+        journal, nxt = self.journal, self.next_holder
+        head = int(self.node_holder[node])
+        if head == NONE or block < head:
+            journal.assign(nxt, block, head)
+            journal.assign(self.node_holder, node, block)
+            if head == NONE:
+                journal.pop(self.orphans, node)
+        else:
+            before = head
+            while nxt[before] != NONE and nxt[before] < block:
+                before = int(nxt[before])
+            journal.assign(nxt, block, nxt[before])
+            journal.assign(nxt, before, block)
+        journal.assign(self.block_node, block, node)
+
+    # ---------------------------------------------------------------- forget
 
     def forget(self, blocks) -> None:
         """These blocks are wiped (freed or evicted): each no longer holds its prefix, and a prefix
-        nobody holds or extends leaves the trie. One undo record for the whole batch."""
-        log = []   # (node, block) holder removed, (node, None) node unlinked from its parent
-        self.journal.undo.append((self._undo_forget, (log,)))
-        content_of, root = self.content_of, self.root
-        for block in blocks:
-            node = content_of.get(block)
-            if node is None:
+        nobody holds or extends leaves the index."""
+        blocks = np.asarray(blocks, dtype=np.int64)
+        nodes = self.block_node[blocks]
+        blocks, nodes = blocks[nodes != NONE], nodes[nodes != NONE]
+        if not len(blocks):
+            return
+        sole = (self.node_holder[nodes] == blocks) & (self.next_holder[blocks] == NONE)
+        if not sole.all() or len(np.unique(nodes)) < len(nodes):
+            for block in blocks.tolist():
+                self._forget_one(block)
+            return
+        self.journal.assign(self.block_node, blocks, NONE)
+        self.journal.assign(self.node_holder, nodes, NONE)
+        self._remove(nodes[self._dying(nodes)])
+        kept = self.node_parent[nodes] != FREED      # nobody holds them, but they have children
+        for node, block in zip(nodes[kept].tolist(), blocks[kept].tolist()):
+            self.journal.put(self.orphans, node, self.block_tokens[block].copy())
+
+    def _dying(self, nodes: np.ndarray) -> np.ndarray:
+        """Which of these nodes, nobody's holders now, go: those all of whose children go too
+        (found by counting children among them until it settles; deeper cases `_remove` cascades)."""
+        order = np.argsort(nodes)
+        ranked = nodes[order]
+        at = np.minimum(np.searchsorted(ranked, self.node_parent[nodes]), len(nodes) - 1)
+        inside = ranked[at] == self.node_parent[nodes]        # the parent is one of `nodes`
+        parent_index = order[at]
+        dies = np.ones(len(nodes), dtype=bool)
+        while True:
+            counted = np.bincount(parent_index[inside & dies], minlength=len(nodes))
+            settled = dies & (self.node_children[nodes] == counted)
+            if (settled == dies).all():
+                return dies
+            dies = settled
+
+    def _forget_one(self, block: int) -> None:
+        journal, nxt = self.journal, self.next_holder
+        node = int(self.block_node[block])
+        if node == NONE:
+            return
+        head = int(self.node_holder[node])
+        if head == block:
+            journal.assign(self.node_holder, node, nxt[block])
+        else:
+            before = head
+            while nxt[before] != block:
+                before = int(nxt[before])
+            journal.assign(nxt, before, nxt[block])
+        journal.assign(nxt, block, NONE)
+        journal.assign(self.block_node, block, NONE)
+        if self.node_holder[node] == NONE:
+            if self.node_children[node]:
+                journal.put(self.orphans, node, self.block_tokens[block].copy())
+            else:
+                self._remove(np.array([node]))
+
+    def _remove(self, dying: np.ndarray) -> None:
+        """Drop these nodes (nobody holds them; their children are among them), then every
+        ancestor left with neither holders nor children."""
+        journal = self.journal
+        while len(dying):
+            parents = self.node_parent[dying]
+            self._unfile(dict_keys(self.node_key[dying]), dying.tolist())
+            journal.assign(self.node_parent, dying, FREED)
+            for node in dying.tolist():
+                if node in self.orphans:
+                    journal.pop(self.orphans, node)
+            journal.will_append(self.free_nodes)
+            self.free_nodes.extend(dying.tolist())
+            outside = parents[parents != NONE]
+            outside = outside[self.node_parent[outside] != FREED]
+            journal.save(self.node_children, outside)
+            np.subtract.at(self.node_children, outside, 1)
+            dying = np.unique(outside[(self.node_children[outside] == 0) & (self.node_holder[outside] == NONE)])
+
+    # ---------------------------------------------------------------- node ids and keys
+
+    def _new_nodes(self, n: int) -> np.ndarray:
+        """`n` unused node ids: recycled ones first, the arrays doubled when they run out."""
+        journal, free = self.journal, self.free_nodes
+        reused = free[len(free) - min(n, len(free)):]
+        journal.undo.append((_give_back, (free, reused, len(free))))
+        del free[len(free) - len(reused):]
+        fresh = n - len(reused)
+        if self.nodes_used + fresh > len(self.node_parent):
+            self._grow(self.nodes_used + fresh)
+        ids = np.array(reused + list(range(self.nodes_used, self.nodes_used + fresh)), dtype=np.int64)
+        journal.set(self, "nodes_used", self.nodes_used + fresh)
+        return ids
+
+    def _grow(self, needed: int) -> None:
+        size = max(needed, 2 * len(self.node_parent))
+        for name, fill in (("node_parent", FREED), ("node_key", 0), ("node_holder", NONE), ("node_children", 0)):
+            old = getattr(self, name)
+            grown = np.full(size, fill, dtype=old.dtype)
+            grown[:len(old)] = old
+            self.journal.set(self, name, grown)
+
+    def _file(self, names: list, nodes: list) -> None:
+        """File new nodes under their (distinct, untaken) keys; a taken key (the sequential path)
+        lists the node among its collisions."""
+        by_key = self.by_key
+        self.journal.undo.append((self._unfile_new, (names, nodes)))
+        for name, node in zip(names, nodes):
+            if name in by_key:
+                self.collided[name] = (*self.collided.get(name, ()), node)
+            else:
+                by_key[name] = node
+
+    def _unfile_new(self, names: list, nodes: list) -> None:
+        """Undo of `_file` (harmless for keys it did not reach)."""
+        for name, node in zip(names, nodes):
+            if self.by_key.get(name) == node:
+                del self.by_key[name]
+            elif node in self.collided.get(name, ()):
+                rest = tuple(n for n in self.collided[name] if n != node)
+                if rest:
+                    self.collided[name] = rest
+                else:
+                    del self.collided[name]
+
+    def _unfile(self, names: list, nodes: list) -> None:
+        """Take nodes out of the key index; a collided node moves up to a freed first place."""
+        journal, by_key, collided = self.journal, self.by_key, self.collided
+        if not collided:   # every key names one node: plain deletes, one undo record
+            journal.undo.append((by_key.update, (list(zip(names, nodes)),)))
+            for name in names:
+                del by_key[name]
+            return
+        for name, node in zip(names, nodes):
+            others = tuple(n for n in (by_key[name], *collided.get(name, ())) if n != node)
+            if not others:
+                journal.pop(by_key, name)
                 continue
-            log.append((node, block))
-            del content_of[block]
-            node.holders.discard(block)
-            while node is not root and not node.holders and not node.children:
-                log.append((node, None))
-                del node.parent.children[node.key]
-                node = node.parent
+            journal.put(by_key, name, others[0])
+            if len(others) > 1:
+                journal.put(collided, name, others[1:])
+            elif name in collided:
+                journal.pop(collided, name)
 
-    # Undo steps: each is harmless for a logged step that did not happen (the fault-injection
-    # test raises between a log entry and its mutation too).
+    # ---------------------------------------------------------------- as plain data, and invariants
 
-    def _undo_fill(self, log: list) -> None:
-        for node, block in reversed(log):
-            if block is None:
-                node.parent.children.pop(node.key, None)
-            else:
-                node.holders.discard(block)
-                self.content_of.pop(block, None)
+    def live_nodes(self) -> list:
+        return sorted([*self.by_key.values(), *(n for more in self.collided.values() for n in more)])
 
-    def _undo_forget(self, log: list) -> None:
-        for node, block in reversed(log):
-            if block is None:
-                node.parent.children[node.key] = node
-            else:
-                node.holders.add(block)
-                self.content_of[block] = node
+    def prefix(self, node: int) -> tuple:
+        """The content of `node` as plain data: its blocks' tokens, first block first."""
+        chain = []
+        while node != NONE:
+            chain.append(tuple(self._tokens(node).tolist()))
+            node = int(self.node_parent[node])
+        return tuple(reversed(chain))
+
+    def contents(self) -> dict:
+        """Indexed block -> its prefix as plain data (the spec's `cached_blocks`, in blocks)."""
+        return {block: self.prefix(int(self.block_node[block]))
+                for block in np.flatnonzero(self.block_node != NONE).tolist()}
+
+    def holder_lists(self) -> dict:
+        """Every live content's prefix -> its holders, in list order."""
+        return {self.prefix(node): self._holders(node) for node in self.live_nodes()}
+
+    def _holders(self, node: int) -> list:
+        holders, block = [], int(self.node_holder[node])
+        while block != NONE and len(holders) <= len(self.block_node):
+            holders.append(block)
+            block = int(self.next_holder[block])
+        return holders
 
     def problems(self, block_tokens) -> list:
         """Broken parts of the `cache_index` invariant (`block_tokens[b]`: what block b holds)."""
-        problems = []
-        for block, node in self.content_of.items():
-            if block_tokens[block].tobytes() != node.key:
-                problems.append(f"block {block} does not hold the tokens of its content")
-            if block not in node.holders:
+        problems, live = [], self.live_nodes()
+        alive = set(live)
+        if len(alive) < len(live):
+            problems.append("a content is filed under more than one key")
+        for block in np.flatnonzero(self.block_node != NONE).tolist():
+            node = int(self.block_node[block])
+            if node not in alive:
+                problems.append(f"block {block} is indexed under content {node}, which is not live")
+            elif block not in self._holders(node):
                 problems.append(f"indexed block {block} is not among its content's holders")
-        stack = [self.root]
-        while stack:
-            node = stack.pop()
-            for key, child in node.children.items():
-                if child.parent is not node or child.key != key:
-                    problems.append("a content is filed under the wrong parent or key")
-                if not child.holders and not child.children:
-                    problems.append("a content no block holds is kept")
-                problems += [f"block {b} is a holder of a content it is not indexed under"
-                             for b in child.holders if self.content_of.get(b) is not child]
-                stack.append(child)
+        for node in live:
+            problems += self._node_problems(node, alive, block_tokens)
+        free = set(self.free_nodes)
+        problems += [f"content id {n} is both live and free" for n in sorted(alive & free)]
+        problems += [f"content id {n} is neither live nor free" for n in range(self.nodes_used)
+                     if n not in alive and n not in free]
+        return problems + self._sibling_problems(live, block_tokens)
+
+    def _node_problems(self, node: int, alive: set, block_tokens) -> list:
+        problems, holders = [], self._holders(node)
+        parent = int(self.node_parent[node])
+        tokens = block_tokens[holders[0]] if holders else self.orphans.get(node)
+        if parent != NONE and parent not in alive:
+            problems.append(f"content {node} follows content {parent}, which is not live")
+        problems += [f"block {b} is a holder of a content it is not indexed under"
+                     for b in holders if self.block_node[b] != node]
+        if holders != sorted(set(holders)):
+            problems.append(f"the holders of content {node} are not in increasing block order")
+        problems += [f"block {b} does not hold the tokens of its content"
+                     for b in holders[1:] if not np.array_equal(block_tokens[b], tokens)]
+        if not holders and not self.node_children[node]:
+            problems.append("a content no block holds is kept")
+        if not holders and tokens is None:
+            problems.append(f"content {node} nobody holds keeps no copy of its tokens")
+        if holders and node in self.orphans:
+            problems.append(f"content {node} is held and also keeps a copy of its tokens")
+        if tokens is not None:
+            parent_key = ROOT if parent == NONE else int(self.node_key[parent])
+            key = step(parent_key, int(self.keys.block_hashes(np.asarray(tokens)[None])[0]))
+            if key != int(self.node_key[node]) or node not in (self.by_key.get(dict_key(key)),
+                                                                *self.collided.get(dict_key(key), ())):
+                problems.append(f"content {node} is filed under a key its parent and tokens do not give")
         return problems
+
+    def _sibling_problems(self, live: list, block_tokens) -> list:
+        """Child counts, and no two contents with one parent and the same tokens."""
+        problems, children, seen = [], {}, set()
+        for node in live:
+            parent = int(self.node_parent[node])
+            children[parent] = children.get(parent, 0) + 1
+            holders = self._holders(node)
+            tokens = block_tokens[holders[0]] if holders else self.orphans.get(node)
+            if tokens is not None:
+                if (parent, tokens.tobytes()) in seen:
+                    problems.append("two contents have one parent and the same tokens")
+                seen.add((parent, tokens.tobytes()))
+        problems += [f"content {n} counts {self.node_children[n]} children, has {children.get(n, 0)}"
+                     for n in live if self.node_children[n] != children.get(n, 0)]
+        return problems
+
+
+def _give_back(free: list, taken: list, length: int) -> None:
+    """Undo of taking `taken` off the end of the free node list (harmless if it was not)."""
+    if len(free) < length:
+        free.extend(taken)

@@ -60,19 +60,6 @@ class FaultInjector:
 
 # ------------------------------------------------------------------ what is observable
 
-def content_chain(content) -> tuple:
-    chain = []
-    while content is not None:
-        chain.append(content.key)
-        content = content.parent
-    return tuple(reversed(chain))
-
-
-def trie(node) -> dict:
-    """The prefix trie below `node` as plain data: key -> (holders, children)."""
-    return {key: (sorted(child.holders), trie(child)) for key, child in node.children.items()}
-
-
 def manager_state(bm: BlockManager) -> dict:
     """Everything a caller can see, and the internal orders that decide future answers."""
     ids = bm.seq_ids()
@@ -89,8 +76,8 @@ def manager_state(bm: BlockManager) -> dict:
         "arena": (bm.rows.used, bm.rows.live, len(bm.rows.arena)),   # block_tables may compact: not called here
     }
     if bm.cache is not None:
-        state["contents"] = {b: content_chain(c) for b, c in bm.cache.content_of.items()}
-        state["trie"] = trie(bm.cache.root)
+        state["contents"] = bm.cache.contents()        # indexed block -> its prefix, as tokens
+        state["holders"] = bm.cache.holder_lists()     # every content's prefix -> its holders, in order
     return state
 
 
@@ -276,10 +263,9 @@ def test_memory_error_while_the_table_arena_grows(monkeypatch):
 def test_a_cache_fill_that_raises_leaves_no_sequence_behind(monkeypatch):
     fill = PrefixCache.fill
 
-    def flaky_fill(self, blocks, parents, block_bytes):
-        step = len(block_bytes) // len(blocks)
-        fill(self, blocks[:1], parents[:1], block_bytes[:step])   # the first block is indexed,
-        raise RuntimeError("cache index down")                     # then the index fails
+    def flaky_fill(self, blocks, parents):
+        fill(self, blocks[:1], parents[:1])        # the first block is indexed,
+        raise RuntimeError("cache index down")     # then the index fails
 
     bm = BlockManager(16, 2, prefix_caching=True)
     bm.add(1, [1, 2, 3, 4])                    # indexes 2 blocks
