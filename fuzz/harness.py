@@ -33,6 +33,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 from pagedkv.spec import (KV, DuplicateSequence, InvalidState, KVSpec, OutOfBlocks, PagedKVError,
                           UnknownSequence, blocks_needed, slot_of)
 
+from .events import EventCheck
 from .guard import SubjectFault
 from .oracles import OracleFailure, failure_class
 from .strategies import (CACHE_HIT, COW, EVICTION, OUT_OF_BLOCKS, SWAP, FreshIds, count_path, pool_configs,
@@ -45,8 +46,10 @@ SWAP_PROTOCOL = ("swap_out", "swap_in")
 #: and `swap_in` may refuse with OutOfBlocks although the blocks were there (still atomically;
 #: counted). `dedup_on_fill`: when a copied-on-write tail fills and equals a cached block, the table
 #: may name the cached block instead of the copy's target (vLLM v0's block manager v2).
+#: `kv_events`: the subject publishes its prefix index as events and shows the index itself
+#: (`kv_events()`, `cache_index()`; fuzz/events.py), checked with prefix caching on.
 CAPABILITIES = frozenset({"fork", "prefix_caching", "swap", "complete_cache", "conservative_admission",
-                          "dedup_on_fill"})
+                          "dedup_on_fill", "kv_events"})
 DEFAULT_CAPABILITIES = frozenset({"fork"})
 POLICIES = ("spec", "any")
 #: Paths a campaign reports as covered.
@@ -316,6 +319,8 @@ class Conformance:
         self.subject = self._guarded(lambda: factory(**config), "factory")
         if capabilities is None:
             self.capabilities = frozenset(getattr(self.subject, "capabilities", DEFAULT_CAPABILITIES))
+        self.events = (EventCheck(self) if "kv_events" in self.capabilities and config["prefix_caching"]
+                       else None)
 
     # ------------------------------------------------------------------ oracles plumbing
 
@@ -346,6 +351,8 @@ class Conformance:
 
     def run_step(self, op: str, *args):
         """Run `op` on the subject, judge its error. Returns (ok, result, before)."""
+        if self.events:
+            self.events.settle()   # the previous step's events, before this one runs
         self.program.append((op, args))
         self.tally["steps"] += 1
         self.judge.before(op, args)
@@ -525,6 +532,8 @@ class Conformance:
             self.readback(seq, table, self.gpu)
         for seq, table in self.cpu_tables.items():
             self.readback(seq, table, self.cpu)
+        if self.events:
+            self.events.check()
 
     def finish(self) -> None:
         """Free every live sequence; the whole pool must come back."""

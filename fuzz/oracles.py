@@ -17,6 +17,10 @@ ORACLES = {
                     "again since is served from the cache",
     "cow_exact": "append() returns one copy exactly when it writes into a shared, partly filled tail",
     "table_shape": "a running sequence of n tokens holds ceil(n / block_size) blocks",
+    "kv_events": "with kv_events: the index replayed from the subject's events equals its own index after every "
+                 "step; stores chain from announced parents, one prefix per key; removals name counted keys",
+    "index_content": "with kv_events: every index entry names a block holding its key's announced prefix, and "
+                     "no block is named by a full-block key and a partial one at once",
     "crash": "the subject raises nothing but pagedkv errors",
     "protocol": "each method returns what the protocol says (add an int, append a list of (src, dst) pairs, ...)",
     "timeout": "every call returns within the call timeout (pagedkv fuzz --call-timeout)",

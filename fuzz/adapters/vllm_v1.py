@@ -31,12 +31,17 @@ import functools
 
 from pagedkv.spec import DuplicateSequence, OutOfBlocks, UnknownSequence
 
+from .. import events
 from . import wheels
 from .wheels import Stub, placeholders
 
 VERSION = "0.33.0"
 MODULES = ("vllm.v1.core.kv_cache_manager", "vllm.v1.core.kv_cache_utils", "vllm.v1.kv_cache_interface",
-           "vllm.v1.request", "vllm.utils.hashing")
+           "vllm.v1.request", "vllm.utils.hashing", "vllm.distributed.kv_events")
+#: Binary wheels the real KV-event module imports (its events are msgspec structs; it imports zmq for
+#: its publisher, which the manager never starts), pinned and loaded privately like the engine.
+DEPENDENCIES = (("msgspec", "0.23.0"), ("pyzmq", "27.3.0"))
+PACKAGES = ("vllm", "msgspec", "zmq")
 #: Block sizes the kit draws: vLLM's CacheConfig takes any block_size > 0 (`Field(gt=0)`) and the
 #: manager has no size-specific path; 1..16 keeps programs short enough to reach evictions.
 CONFIG_SPACE = {"block_sizes": tuple(range(1, 17)), "prefix_caching": (True, False)}
@@ -79,11 +84,6 @@ STUBS = {
                  "patches (vllm.env_override); submodules load from the wheel", hollow=True),
     "vllm.distributed": Stub("package __init__ skipped: it builds torch.distributed process groups "
                              "(parallel_state); submodules load from the wheel", hollow=True),
-    "vllm.distributed.kv_events": Stub(
-        "KV-event publishing to external consumers over ZMQ with msgspec structs; the manager is made "
-        "with enable_kv_cache_events=False, so no event is built",
-        placeholders("AllBlocksCleared", "BlockRemoved", "BlockStored", "KVCacheEvent",
-                     "EventPublisherFactory", "KVEventBatch", MEDIUM_GPU="GPU", MEDIUM_CPU="CPU")),
     "vllm.config": Stub("package __init__ skipped: it imports every engine config (model config pulls "
                         "transformers, device config the GPU platform); the v1/core path names "
                         "VllmConfig only in helpers that size a cache from a full engine config",
@@ -121,8 +121,10 @@ STUBS = {
     "uvloop": Stub("asyncio event loop of the engine's process utilities (compiled, not installed)"),
     "vllm.usage.usage_lib": Stub("usage telemetry (sends reports over the network)",
                                  placeholders("UsageContext", "is_usage_stats_enabled", "usage_message")),
-    "vllm.utils.network_utils": Stub("ZMQ sockets and TCP addresses of the distributed engine",
-                                     placeholders("ZmqListener", "get_open_zmq_ipc_path", "get_tcp_uri")),
+    "vllm.utils.network_utils": Stub("ZMQ sockets and TCP addresses of the distributed engine (and of the "
+                                     "KV-event publisher, never started)",
+                                     placeholders("ZmqListener", "get_open_zmq_ipc_path", "get_tcp_uri", "get_ip",
+                                                  "is_valid_ipv6_address", "split_zmq_path")),
     "vllm.utils.system_utils": Stub("process management (psutil, signals, the GPU platform)",
                                     placeholders("decorate_logs", "kill_process_tree", "set_process_title")),
     "vllm.utils.torch_utils": Stub("torch custom-op registration and pinned memory of the GPU platform; "
@@ -141,7 +143,8 @@ def engine(version: str = VERSION):
     if wheels.importable("vllm", version):
         return wheels.installed(MODULES)
     root = wheels.install("vllm", version, keep=wheels.python_sources)
-    return wheels.load([root], ["vllm"], MODULES, STUBS)
+    roots = [root] + [wheels.install(name, pinned) for name, pinned in DEPENDENCIES]
+    return wheels.load(roots, PACKAGES, MODULES, STUBS)
 
 
 class VllmV1Subject:
@@ -149,7 +152,9 @@ class VllmV1Subject:
 
     #: complete_cache: vLLM evicts lazily (a released cached block keeps its index entry until the
     #: free queue hands it out), so a released block's content serves its prefix until then.
-    capabilities = frozenset({"prefix_caching", "complete_cache"})
+    #: kv_events: the block pool publishes BlockStored / BlockRemoved as the engine does with
+    #: `--kv-events-config '{"enable_kv_cache_events": true}'`; the harness replays them.
+    capabilities = frozenset({"prefix_caching", "complete_cache", "kv_events"})
     config_space = CONFIG_SPACE
 
     def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = False,
@@ -158,6 +163,7 @@ class VllmV1Subject:
         utils, spec, request = (modules["vllm.v1.core.kv_cache_utils"], modules["vllm.v1.kv_cache_interface"],
                                 modules["vllm.v1.request"])
         self._Request, self._status = request.Request, request.RequestStatus
+        self._events = modules["vllm.distributed.kv_events"]
         self._sampling = modules["vllm.v1.request"].SamplingParams
         hash_fn = modules["vllm.utils.hashing"].get_hash_fn_by_name("sha256")
         utils.init_none_hash(hash_fn)  # vLLM's engine core does this once per process, before hashing
@@ -169,7 +175,8 @@ class VllmV1Subject:
         with modules.active():  # the manager registers its spec types with lazy imports
             self.manager = modules["vllm.v1.core.kv_cache_manager"].KVCacheManager(
                 config, max_model_len=MAX_MODEL_LEN, scheduler_block_size=block_size,
-                hash_block_size=block_size, enable_caching=prefix_caching)
+                hash_block_size=block_size, enable_caching=prefix_caching,
+                enable_kv_cache_events=prefix_caching)
         self.requests = {}  # seq id -> vLLM Request, as the scheduler's `requests` dict
 
     # ------------------------------------------------------------------ protocol
@@ -206,7 +213,10 @@ class VllmV1Subject:
         raise NotImplementedError("vLLM v1 has no fork: parallel sampling re-prefills through the prefix cache")
 
     def free(self, seq_id) -> None:
-        request = self._request(seq_id)
+        if seq_id not in self.requests:
+            self._abort_unscheduled(seq_id)
+            raise UnknownSequence(seq_id)
+        request = self.requests[seq_id]
         request.status = self._status.FINISHED_ABORTED
         self.manager.free(request)
         del self.requests[seq_id]
@@ -218,12 +228,54 @@ class VllmV1Subject:
     def num_free_blocks(self) -> int:
         return self.manager.block_pool.get_num_free_blocks()
 
+    def kv_events(self) -> list:
+        """The block pool's events since the last call (`KVCacheManager.take_events`), as the kit's records."""
+        return [self._event(event) for event in self.manager.take_events()]
+
+    def cache_index(self) -> dict:
+        """vLLM's hash index (`BlockPool.cached_block_hash_to_block`; its map has no public iteration),
+        keyed as its events key it: the block hash without the group id, the engine's external form."""
+        utils = self._engine["vllm.v1.core.kv_cache_utils"]
+        index = {}
+        for key, blocks in self.manager.block_pool.cached_block_hash_to_block._cache.items():
+            blocks = blocks.values() if isinstance(blocks, dict) else [blocks]
+            external = utils.maybe_convert_block_hash(utils.get_block_hash(key))
+            index.setdefault(external, []).extend(block.block_id - 1 for block in blocks)
+        return index
+
     # ------------------------------------------------------------------ helpers
 
     def _request(self, seq_id):
         if seq_id not in self.requests:
             raise UnknownSequence(seq_id)
         return self.requests[seq_id]
+
+    def _abort_unscheduled(self, seq_id) -> None:
+        """An id the protocol does not know is, to vLLM, a request that was never scheduled: one whose
+        `add` was refused stays in vLLM's waiting queue, and aborting it (`Scheduler.finish_requests`
+        -> `_free_request`) still reaches the manager: `KVCacheManager.free`, and with a KV connector
+        `get_block_ids` of its blocks (vLLM #18829 asserted the request had blocks there). The manager
+        must find none and change nothing, which the harness checks (atomic_failure, kv_events) when
+        the protocol's UnknownSequence follows. A freed id is aborted the same way: the manager holds
+        nothing for it either."""
+        request = self._Request(request_id=str(seq_id), prompt_token_ids=[0],
+                                sampling_params=self._sampling(max_tokens=MAX_MODEL_LEN), pooling_params=None,
+                                block_hasher=self._hasher)
+        request.status = self._status.FINISHED_ABORTED
+        if any(self.manager.get_block_ids(request.request_id)):
+            raise AssertionError(f"vLLM holds blocks for request {seq_id}, which was never scheduled")
+        self.manager.free(request)
+
+    def _event(self, event):
+        kinds = self._events
+        if isinstance(event, kinds.BlockStored):
+            return events.BlockStored(tuple(event.block_hashes), event.parent_block_hash, tuple(event.token_ids),
+                                      event.block_size)
+        if isinstance(event, kinds.BlockRemoved):
+            return events.BlockRemoved(tuple(event.block_hashes))
+        if isinstance(event, kinds.AllBlocksCleared):
+            return events.AllBlocksCleared()
+        raise TypeError(f"vLLM published an event the kit does not know: {event!r}")
 
     @staticmethod
     def _take_back_token(request, hashes: int) -> None:

@@ -1,0 +1,173 @@
+"""vLLM 0.33.0's KV-cache events and hash index under the `kv_events` / `index_content` oracles, and
+the abort of a request vLLM never scheduled (issue 19, "protocol gaps").
+
+- vLLM's own events, through the protocol, on programs worked out by hand from block_pool.py;
+- planted bugs, each an instance-level patch of one real vLLM method: a lost `BlockRemoved`, an
+  evicted block left in the hash index, and vLLM #18829's assertion that an aborted request has
+  blocks; the ci profile catches each, and correct vLLM passes it;
+- vLLM #49125 in the real 0.33.0 code: reachable only with two KV-cache groups, outside the
+  protocol, so the same rule is applied to vLLM's own index directly.
+"""
+
+import pytest
+from hypothesis import Phase
+
+from pagedkv.fuzz import events
+from pagedkv.fuzz.adapters import vllm_v1
+from pagedkv.fuzz.campaign import check
+from pagedkv.fuzz.harness import replay
+from pagedkv.fuzz.oracles import OracleFailure
+from pagedkv.fuzz.subjects import Subject, resolve
+from pagedkv.spec import OutOfBlocks, UnknownSequence
+
+NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def engine_loaded():
+    """Load vLLM before any timed factory call (a first run downloads the wheel)."""
+    vllm_v1.engine()
+
+
+def make(num_blocks, block_size, prefix_caching=True):
+    return vllm_v1.make(num_blocks=num_blocks, block_size=block_size, prefix_caching=prefix_caching)
+
+
+# ---------------------------------------------------------------------- vLLM's events through the protocol
+
+
+def test_a_prefill_stores_its_full_blocks_in_one_chained_event():
+    """add(1, [1, 2, 3, 4, 5]) at B=2 fills two blocks: one BlockStored of two keys, no parent (the
+    prompt's start), the four tokens they hold; the index names them by seq 1's first two blocks."""
+    subject = make(3, 2)
+    subject.add(1, [1, 2, 3, 4, 5])
+    (stored,) = subject.kv_events()
+    assert isinstance(stored, events.BlockStored)
+    assert len(stored.keys) == 2 and stored.parent is None and stored.tokens == (1, 2, 3, 4)
+    assert stored.block_size == 2
+    assert subject.cache_index() == {stored.keys[0]: [subject.block_table(1)[0]],
+                                     stored.keys[1]: [subject.block_table(1)[1]]}
+    assert subject.kv_events() == []                       # taken once
+
+
+def test_a_decoded_block_chains_from_the_prompts_last_key():
+    subject = make(4, 2)
+    subject.add(1, [1, 2, 3])
+    (prompt,) = subject.kv_events()
+    subject.append(1, 4)
+    (decoded,) = subject.kv_events()
+    assert decoded.parent == prompt.keys[-1] and decoded.tokens == (3, 4)
+
+
+def test_eviction_publishes_the_removal():
+    """N=2, B=2: seq 1's cached [1, 2] is released; seq 2 needs both blocks, so vLLM hands out the
+    cached one (evicting it) and says so before storing seq 2's own."""
+    subject = make(2, 2)
+    subject.add(1, [1, 2, 3])
+    (first,) = subject.kv_events()
+    subject.free(1)
+    subject.add(2, [7, 8, 9])
+    removed, stored = subject.kv_events()
+    assert removed == events.BlockRemoved((first.keys[0],)) and stored.tokens == (7, 8)
+    assert list(subject.cache_index()) == [stored.keys[0]]
+
+
+def test_caching_off_publishes_nothing():
+    subject = make(4, 2, prefix_caching=False)
+    subject.add(1, [1, 2, 3, 4, 5])
+    assert subject.kv_events() == [] and subject.cache_index() == {}
+
+
+# ---------------------------------------------------------------------- abort of a request never scheduled
+
+
+def test_abort_of_a_refused_request_reaches_the_manager_and_changes_nothing():
+    """vLLM keeps a request it cannot schedule waiting; aborting it frees it through the manager,
+    which holds nothing for it. The protocol answers UnknownSequence; tables, free count, index and
+    events are as before."""
+    subject = make(2, 2)
+    subject.add(1, [1, 2, 3])
+    subject.kv_events()
+    with pytest.raises(OutOfBlocks):
+        subject.add(2, [4, 5, 6, 7, 8])
+    index, table = subject.cache_index(), subject.block_table(1)
+    calls = []
+    free = subject.manager.free
+    subject.manager.free = lambda request: calls.append(request.request_id) or free(request)
+    with pytest.raises(UnknownSequence):
+        subject.free(2)
+    assert calls == ["2"]
+    assert subject.block_table(1) == table and subject.num_free_blocks() == 0
+    assert subject.cache_index() == index and subject.kv_events() == []
+
+
+def asserts_aborted_request_has_blocks(**config):
+    """vLLM #18829: `get_block_ids` asserted the request had blocks (`assert request_id in
+    req_to_blocks`), so aborting a waiting request that was never scheduled crashed the engine core."""
+    subject = vllm_v1.make(**config)
+    manager, get_block_ids = subject.manager, subject.manager.get_block_ids
+
+    def get_asserting(request_id):
+        assert request_id in manager.coordinator.single_type_managers[0].req_to_blocks
+        return get_block_ids(request_id)
+    manager.get_block_ids = get_asserting
+    return subject
+
+
+# ---------------------------------------------------------------------- planted event and index bugs
+
+
+def removal_not_published(**config):
+    """An evicted block leaves the hash index, but no BlockRemoved is published
+    (`BlockPool._emit_block_removed_events`): routers keep a key vLLM has dropped."""
+    subject = vllm_v1.make(**config)
+    subject.manager.block_pool._emit_block_removed_events = lambda hashes: None
+    return subject
+
+
+def hash_kept_after_eviction(**config):
+    """A cached block handed out again keeps its entry in the hash index (BlockPool eviction), and
+    no removal is published: the index and its mirror agree, on a block that now holds other KV."""
+    subject = vllm_v1.make(**config)
+    pool = subject.manager.block_pool
+
+    def evict(block):
+        pool.cached_block_hashes_by_block.pop(block.block_id, None)
+        was_cached = block.block_hash is not None
+        block.reset_hash()  # the block forgets, the index does not
+        return was_cached
+    pool._maybe_evict_cached_block = evict
+    return subject
+
+
+PLANTED = {removal_not_published: ("kv_events",),
+           hash_kept_after_eviction: ("index_content",),
+           asserts_aborted_request_has_blocks: ("crash",)}
+for _bug in PLANTED:
+    _bug.capabilities = vllm_v1.make.capabilities
+    _bug.config_space = vllm_v1.make.config_space
+
+
+@pytest.mark.parametrize("bug", PLANTED, ids=lambda bug: bug.__name__)
+def test_ci_profile_catches_planted_bug(bug):
+    tally, failure = check(Subject(f"vllm:{bug.__name__}", bug, bug.capabilities), "ci", "any", phases=NO_SHRINK)
+    assert failure is not None, f"{bug.__name__} escaped {tally['examples']} examples"
+    assert failure["oracle"] in PLANTED[bug], f"{bug.__name__}: {failure['oracle']} fired: {failure['message']}"
+
+
+def test_the_stale_entry_is_named_the_step_its_block_is_rewritten():
+    """N=2, B=1: seq 1's blocks [5] and [5, 5] are cached and released (tail first, so [5, 5] is at
+    the free queue's head); add(2, [6]) takes that block again. Correct vLLM drops its key; the
+    planted pool keeps it on a block that now holds 6: caught at once, no later hit needed."""
+    config = {"num_blocks": 2, "block_size": 1, "prefix_caching": True, "num_cpu_blocks": 0}
+    program = [["add", [1, [5, 5]]], ["free", [1]], ["add", [2, [6]]]]
+    replay(vllm_v1.make, config, program, policy="any")
+    with pytest.raises(OracleFailure, match=r"\[index_content\] index key .* \(prefix \[5, 5\]\) names block \d, "
+                                            r"which holds \[KV\(prefix=\(\), token=6\)\]"):
+        replay(hash_kept_after_eviction, config, program, policy="any", capabilities=vllm_v1.make.capabilities)
+
+
+def test_correct_vllm_passes_the_ci_profile_with_events_checked():
+    tally, failure = check(resolve("vllm"), "ci", "any", phases=NO_SHRINK)
+    assert failure is None, f"{failure['oracle']}: {failure['message']}\n" + "\n".join(failure["trace"])
+    assert tally["examples"] >= 100 and tally["eviction"] and tally["cache_hit"]
