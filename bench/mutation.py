@@ -501,6 +501,8 @@ def parse(argv) -> argparse.Namespace:
                         help="judge this mutant (as --list prints it) instead of a sample; repeatable")
     parser.add_argument("--survivors-of", type=Path, metavar="RESULTS",
                         help="judge again the survivors of this results file (by ident, on --root's code)")
+    parser.add_argument("--fail-under", type=float, default=0.0, metavar="PERCENT",
+                        help="exit 2 when the score is under this (for CI)")
     parser.add_argument("--list", action="store_true", help="list the mutation points and stop")
     args = parser.parse_args(argv)
     args.files = [f for f in args.files.split(",") if f]
@@ -509,8 +511,10 @@ def parse(argv) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown files or checks: {unknown}")
     if args.sample < 1 or args.jobs < 1 or not (args.shrink_seconds > 0 and args.timeout_factor > 0
-                                                and args.min_timeout > 0 and args.timeout >= 0):
-        parser.error("--sample, --jobs, --shrink-seconds, --timeout-factor and --min-timeout must be positive")
+                                                and args.min_timeout > 0 and args.timeout >= 0
+                                                and 0 <= args.fail_under <= 100):
+        parser.error("--sample, --jobs, --shrink-seconds, --timeout-factor and --min-timeout must be positive, "
+                     "--fail-under a percentage")
     if args.survivors_of and not args.survivors_of.is_file():
         parser.error(f"no results file {args.survivors_of}")
     return args
@@ -579,7 +583,17 @@ def main(argv=None) -> int:
     print(f"\n{len(results)} judged in {time.monotonic() - started:.0f} s (load {load:.1f} at the start, "
           f"{os.getloadavg()[0]:.1f} at the end)\n")
     print(report(judged + _equivalent_drawn(mutants, earlier, equivalent), args.files, equivalent))
+    score = killed_share(judged, equivalent)
+    if score < args.fail_under / 100:
+        print(f"\nscore {score:.1%} is under --fail-under {args.fail_under:g}%", file=sys.stderr)
+        return 2
     return 0
+
+
+def killed_share(results: list, equivalent: dict) -> float:
+    """Killed share of the judged mutants not listed as equivalent (1 when there are none)."""
+    scored = [r for r in results if r.mutant.ident not in equivalent]
+    return sum(bool(r.killers) for r in scored) / len(scored) if scored else 1.0
 
 
 def _equivalent_drawn(mutants, earlier, equivalent) -> list:

@@ -178,6 +178,9 @@ def test_results_resume_and_survivors_are_judged_again_by_ident(checks, tmp_path
     again = tmp_path / "again.jsonl"
     assert mutation.main(["--checks", "duplicate", "--survivors-of", str(results), "--results", str(again)]) == 0
     assert [json.loads(line)["ident"] for line in again.read_text().splitlines()] == [SURVIVOR]
+    capsys.readouterr()
+    assert mutation.main(argv + ["--fail-under", "50"]) == 0 and mutation.main(argv + ["--fail-under", "51"]) == 2
+    assert "score 50.0% is under --fail-under 51%" in capsys.readouterr().err
 
 
 def test_a_results_file_of_another_commit_is_refused(checks, tmp_path):
