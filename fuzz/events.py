@@ -63,14 +63,65 @@ EVENT_TYPES = (BlockStored, BlockRemoved, AllBlocksCleared)
 
 
 class IndexMirror:
-    """What a consumer of the stream knows: indexed blocks per key and each key's prefix."""
+    """What a consumer of the stream knows: indexed blocks per key and each key's prefix. `apply`
+    replays one event; a stream that breaks a rule calls `expect(False, message)` (the harness's
+    `kv_events` oracle, or any checker of a recorded stream)."""
 
-    def __init__(self):
+    def __init__(self, block_size: int, expect):
+        self.block_size, self.expect = block_size, expect
         self.count = Counter()   # key -> blocks indexed under it, as the stream says
         self.prefix = {}         # key -> the token prefix it stands for (while counted)
 
     def counted(self) -> dict:
         return {key: n for key, n in self.count.items() if n}
+
+    def apply(self, event) -> None:
+        if isinstance(event, AllBlocksCleared):
+            self.count, self.prefix = Counter(), {}
+        elif isinstance(event, BlockRemoved):
+            for key in event.keys:
+                self.expect(self.count[key] > 0, f"BlockRemoved for key {_short(key)}, which no "
+                            f"counted BlockStored announced ({event!r})")
+                self.count[key] -= 1
+                if not self.count[key]:
+                    del self.count[key], self.prefix[key]
+        else:
+            self.store(event)
+
+    def store(self, event: BlockStored) -> None:
+        size = event.block_size or self.block_size
+        self.expect(len(event.tokens) == size * len(event.keys),
+                    f"BlockStored of {len(event.keys)} blocks of {size} carries {len(event.tokens)} tokens")
+        if event.parent is None:
+            start = ()
+        else:
+            self.expect(event.parent in self.prefix, f"BlockStored names parent {_short(event.parent)}, "
+                        f"a key the stream never announced or already removed ({event!r})")
+            start = self.prefix[event.parent]
+        for i, key in enumerate(event.keys):
+            prefix = start + tuple(event.tokens[:(i + 1) * size])
+            known = self.prefix.get(key, prefix)
+            self.expect(known == prefix, f"key {_short(key)} announced for prefix {list(prefix)}, but the stream "
+                        f"announced it before for {list(known)}")
+            self.count[key] += 1
+            self.prefix[key] = prefix
+
+
+def promotion_conflicts(index: dict, prefix: dict, block_size: int) -> list:
+    """(block, full key, partial key) for each block that `index` (key -> blocks) names by a key whose
+    prefix (`prefix[key]`) is whole blocks and by one whose prefix ends inside the block: a block
+    that filled is named by its full key only (vLLM #49125 leaves the superseded partial key)."""
+    names = {}
+    for key, blocks in index.items():
+        for block in blocks:
+            names.setdefault(block, []).append(key)
+    conflicts = []
+    for block, keys in names.items():
+        full = [key for key in keys if len(prefix[key]) % block_size == 0]
+        partial = [key for key in keys if len(prefix[key]) % block_size]
+        if full and partial:
+            conflicts.append((block, full[0], partial[0]))
+    return conflicts
 
 
 class EventCheck:
@@ -79,7 +130,7 @@ class EventCheck:
 
     def __init__(self, kv):
         self.kv = kv
-        self.mirror = IndexMirror()
+        self.mirror = IndexMirror(kv.B, self.expect)
 
     # -------------------------------------------------------------- the stream
 
@@ -91,35 +142,7 @@ class EventCheck:
             self.apply(event)
 
     def apply(self, event) -> None:
-        if isinstance(event, AllBlocksCleared):
-            self.mirror = IndexMirror()
-        elif isinstance(event, BlockRemoved):
-            for key in event.keys:
-                self.expect(self.mirror.count[key] > 0, f"BlockRemoved for key {_short(key)}, which no "
-                            f"counted BlockStored announced ({event!r})")
-                self.mirror.count[key] -= 1
-                if not self.mirror.count[key]:
-                    del self.mirror.count[key], self.mirror.prefix[key]
-        else:
-            self.store(event)
-
-    def store(self, event: BlockStored) -> None:
-        size = event.block_size or self.kv.B
-        self.expect(len(event.tokens) == size * len(event.keys),
-                    f"BlockStored of {len(event.keys)} blocks of {size} carries {len(event.tokens)} tokens")
-        if event.parent is None:
-            start = ()
-        else:
-            self.expect(event.parent in self.mirror.prefix, f"BlockStored names parent {_short(event.parent)}, "
-                        f"a key the stream never announced or already removed ({event!r})")
-            start = self.mirror.prefix[event.parent]
-        for i, key in enumerate(event.keys):
-            prefix = start + tuple(event.tokens[:(i + 1) * size])
-            known = self.mirror.prefix.get(key, prefix)
-            self.expect(known == prefix, f"key {_short(key)} announced for prefix {list(prefix)}, but the stream "
-                        f"announced it before for {list(known)}")
-            self.mirror.count[key] += 1
-            self.mirror.prefix[key] = prefix
+        self.mirror.apply(event)
 
     # -------------------------------------------------------------- the index
 
@@ -134,7 +157,6 @@ class EventCheck:
         if counts != mirrored:
             self.expect(False, "the index replayed from the events is not the subject's: "
                         + _difference(mirrored, counts))
-        names = {}   # block -> the keys naming it
         for key, blocks in index.items():
             prefix = self.mirror.prefix[key]
             for block in blocks:
@@ -143,20 +165,14 @@ class EventCheck:
                 self.kv.expect(self.holds_prefix(block, prefix), "index_content",
                                lambda: f"index key {_short(key)} (prefix {list(prefix)}) names block {block}, which "
                                        f"holds {self.kv.block_content(block)}")
-                names.setdefault(block, []).append(key)
-        for block, keys in names.items():
-            self.check_promoted(block, keys)
-
-    def check_promoted(self, block: int, keys: list) -> None:
-        """A block named by a full-block key carries no partial key: filling it promoted its key."""
-        B, prefix = self.kv.B, self.mirror.prefix
-        full = [key for key in keys if len(prefix[key]) % B == 0]
-        partial = [key for key in keys if len(prefix[key]) % B]
-        self.kv.expect(not (full and partial), "index_content",
-                       lambda: f"block {block} is named by the full-block key {_short(full[0])} (prefix "
-                               f"{list(prefix[full[0]])}) and by the partial key {_short(partial[0])} (prefix "
-                               f"{list(prefix[partial[0]])}): a block that filled is named by its full key only; "
-                               f"the partial key is stale")
+        conflicts = promotion_conflicts(index, self.mirror.prefix, self.kv.B)
+        if conflicts:
+            block, full, partial = conflicts[0]
+            self.kv.expect(False, "index_content",
+                           f"block {block} is named by the full-block key {_short(full)} (prefix "
+                           f"{list(self.mirror.prefix[full])}) and by the partial key {_short(partial)} (prefix "
+                           f"{list(self.mirror.prefix[partial])}): a block that filled is named by its full key "
+                           f"only; the partial key is stale")
 
     def holds_prefix(self, block: int, prefix: tuple) -> bool:
         """The block's first `(len - 1) % B + 1` slots hold the prefix's tokens from its last block

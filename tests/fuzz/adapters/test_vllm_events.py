@@ -14,6 +14,7 @@ from hypothesis import Phase
 
 from pagedkv.fuzz import events
 from pagedkv.fuzz.adapters import vllm_v1
+from pagedkv.fuzz.adapters.vllm_v1 import MAX_MODEL_LEN
 from pagedkv.fuzz.campaign import check
 from pagedkv.fuzz.harness import replay
 from pagedkv.fuzz.oracles import OracleFailure
@@ -171,3 +172,102 @@ def test_correct_vllm_passes_the_ci_profile_with_events_checked():
     tally, failure = check(resolve("vllm"), "ci", "any", phases=NO_SHRINK)
     assert failure is None, f"{failure['oracle']}: {failure['message']}\n" + "\n".join(failure["trace"])
     assert tally["examples"] >= 100 and tally["eviction"] and tally["cache_hit"]
+
+
+# ---------------------------------------------------------------------- vLLM #49125 in 0.33.0's own code
+
+
+def two_group_manager():
+    """vLLM 0.33.0's own KVCacheManager for a model with two full-attention KV-cache groups, block
+    sizes 4 and 2 (two page sizes), hashed every 2 tokens: the one configuration family in which its
+    keys are finer than a block (the single-group coordinator asserts hash_block_size == block_size,
+    so the protocol's one-table subject never meets partial keys). Events on, caching on."""
+    modules = vllm_v1.engine()
+    spec, utils = modules["vllm.v1.kv_cache_interface"], modules["vllm.v1.core.kv_cache_utils"]
+    dtype = vllm_v1._float32()
+    groups = [spec.KVCacheGroupSpec(["big"], spec.FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=1,
+                                                                    dtype=dtype)),
+              spec.KVCacheGroupSpec(["small"], spec.FullAttentionSpec(block_size=2, num_kv_heads=2, head_size=1,
+                                                                      dtype=dtype))]
+    config = spec.KVCacheConfig(num_blocks=32, kv_cache_tensors=[], kv_cache_groups=groups)
+    hash_fn = modules["vllm.utils.hashing"].get_hash_fn_by_name("sha256")
+    utils.init_none_hash(hash_fn)
+    with modules.active():
+        manager = modules["vllm.v1.core.kv_cache_manager"].KVCacheManager(
+            config, max_model_len=MAX_MODEL_LEN, scheduler_block_size=4, hash_block_size=2,
+            enable_caching=True, enable_kv_cache_events=True)
+    return modules, manager, utils.get_request_block_hasher(2, hash_fn)
+
+
+def refuse_covered_partial_keys(pool):
+    """The fix proposed for #49125 (vLLM PRs 52972, 53158, not merged in 0.33.0), written here: a
+    partial key is not registered on a block whose own key already covers as many tokens."""
+    register = pool.cache_partial_block
+
+    def guarded(request, block, num_tokens, kv_cache_group_id, block_size, replace_existing_hashes=False):
+        if not replace_existing_hashes and block.block_hash is not None and \
+                (block.block_hash_num_tokens or 0) >= num_tokens:
+            return None
+        return register(request=request, block=block, num_tokens=num_tokens, kv_cache_group_id=kv_cache_group_id,
+                        block_size=block_size, replace_existing_hashes=replace_existing_hashes)
+    pool.cache_partial_block = guarded
+
+
+def big_group_after_decode(fixed: bool):
+    """Prompt [1..7], then tokens 8 and 9, run as vLLM's scheduler runs them; the big group's events
+    replayed into the kit's mirror and its own index. Returns (mirror, index)."""
+    modules, manager, hasher = two_group_manager()
+    if fixed:
+        refuse_covered_partial_keys(manager.block_pool)
+    request_module, utils = modules["vllm.v1.request"], modules["vllm.v1.core.kv_cache_utils"]
+    request = request_module.Request(request_id="1", prompt_token_ids=[1, 2, 3, 4, 5, 6, 7],
+                                     sampling_params=request_module.SamplingParams(max_tokens=8),
+                                     pooling_params=None, block_hasher=hasher)
+
+    def fail(ok, message):
+        assert ok, message
+    mirror = events.IndexMirror(4, fail)
+    blocks, hit = manager.get_computed_blocks(request)[:2]
+    with modules.active():
+        assert manager.allocate_slots(request, 7 - hit, num_new_computed_tokens=hit, new_computed_blocks=blocks,
+                                      full_sequence_must_fit=True) is not None
+        request.num_computed_tokens = 7
+        for token in (8, 9):
+            request.append_output_token_ids(token)
+            assert manager.allocate_slots(request, 1) is not None
+            request.num_computed_tokens += 1
+    kinds = modules["vllm.distributed.kv_events"]
+    for event in manager.take_events():
+        if getattr(event, "group_idx", 0) != 0:
+            continue
+        if isinstance(event, kinds.BlockStored):
+            mirror.apply(events.BlockStored(tuple(event.block_hashes), event.parent_block_hash,
+                                            tuple(event.token_ids), event.block_size))
+        elif isinstance(event, kinds.BlockRemoved):
+            mirror.apply(events.BlockRemoved(tuple(event.block_hashes)))
+    index = {}
+    for key, held in manager.block_pool.cached_block_hash_to_block._cache.items():
+        if utils.get_group_id(key) == 0:
+            held = held.values() if isinstance(held, dict) else [held]
+            index[utils.maybe_convert_block_hash(utils.get_block_hash(key))] = [block.block_id for block in held]
+    return mirror, index
+
+
+def test_vllm_0_33_names_a_filled_block_by_a_stale_partial_key():
+    """vLLM #49125, in 0.33.0: the prompt's last hit boundary (6 tokens) ends inside the big group's
+    second block [5, 6, 7, 8]. Once token 8 fills that block and its full key [1 .. 8] is stored,
+    `_cache_partial_tail_block` still registers the 6-token boundary on it (`cache_partial_block`
+    sees the block's key cover 8 tokens and adds the partial one beside it). The stream and the index
+    agree (kv_events has nothing to say); the rule of index_content names the block."""
+    mirror, index = big_group_after_decode(fixed=False)
+    assert mirror.counted() == {key: len(blocks) for key, blocks in index.items()}
+    (conflict,) = events.promotion_conflicts(index, mirror.prefix, 4)
+    block, full, partial = conflict
+    assert mirror.prefix[full] == (1, 2, 3, 4, 5, 6, 7, 8) and mirror.prefix[partial] == (1, 2, 3, 4, 5, 6)
+
+
+def test_the_proposed_fix_passes_the_same_rule():
+    mirror, index = big_group_after_decode(fixed=True)
+    assert mirror.counted() == {key: len(blocks) for key, blocks in index.items()}
+    assert events.promotion_conflicts(index, mirror.prefix, 4) == []
+    assert sorted(len(prefix) for prefix in mirror.prefix.values()) == [4, 8]
