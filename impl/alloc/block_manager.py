@@ -147,8 +147,8 @@ class BlockManager:
             raise InvalidState(f"cannot fork sequence {parent_id!r}: it is {self.status(parent_id)}")
         table = self.rows.table(parent)
         self.pool.share(table)
-        child = self._new_row(child_id)
-        self.journal.assign(self.rows.seq_len, child, self.rows.seq_len[parent])
+        child = self._new_row(child_id)   # a row `take` saved
+        self.rows.seq_len[child] = self.rows.seq_len[parent]
         self.rows.set_table(child, table)
         self._make_running(child)
 
@@ -157,7 +157,7 @@ class BlockManager:
         """Finish or cancel a sequence in any status and release everything it holds."""
         seq_id = plain_seq_id(seq_id)
         row = self._row(seq_id)
-        self.pool.release(self.rows.table(row))
+        self.pool.release(self.rows.table_view(row))
         self.cpu_pool.release(self.rows.seq[row].cpu_block_table)
         self.journal.pop_ordered(self.row_of, seq_id, self._creation)
         self.rows.recycle(row)
@@ -171,6 +171,7 @@ class BlockManager:
             raise InvalidArgument(f"preempt mode must be one of {PREEMPT_MODES}, got {mode!r}")
         row = self._running_row(seq_id)
         journal, seq, table = self.journal, self.rows.seq[row], self.rows.table(row)
+        self.rows.save_row(row)
         copies = []
         if mode == "recompute":
             journal.set(seq, "waiting_tokens", self._running_tokens(row))
@@ -187,7 +188,7 @@ class BlockManager:
             self._count("swap_outs", len(copies))
         self.pool.release(table)
         self.rows.set_table(row, [])
-        journal.assign(self.rows.row_status, row, WAITING_CODE if mode == "recompute" else SWAPPED_CODE)
+        self.rows.row_status[row] = WAITING_CODE if mode == "recompute" else SWAPPED_CODE
         return copies
 
     @atomic
@@ -198,6 +199,7 @@ class BlockManager:
         journal, seq, status = self.journal, self.rows.seq[row], self.rows.row_status[row]
         if status == RUNNING_CODE:
             raise InvalidState(f"sequence {seq_id!r} is already running")
+        self.rows.save_row(row)
         if status == WAITING_CODE:
             tokens = np.array(seq.waiting_tokens, dtype=np.int64)
             hits, needed = self._plan_prompt(tokens)
@@ -206,7 +208,7 @@ class BlockManager:
             return []
         cpu_table = seq.cpu_block_table
         self._require_free(len(cpu_table))
-        table = self.pool.take(len(cpu_table))
+        table = self.pool.take(len(cpu_table)).tolist()
         journal.assign(self.block_tokens, table, self.cpu_pool.block_tokens[cpu_table])
         self.cpu_pool.release(cpu_table)
         journal.set(seq, "cpu_block_table", [])
@@ -386,14 +388,14 @@ class BlockManager:
     def uncached_free_blocks(self) -> list:
         """Free GPU blocks that hold no cached content, oldest first: what an engine may treat as
         garbage (evictable cached blocks keep their KV for hits and are not listed)."""
-        return list(self.pool.free_queue)
+        return self.pool.free_queue
 
     @_locked
     def metrics(self) -> dict:
         active = self.num_blocks - self.pool.num_free()
         looked_up = self.stats["prompt_tokens"]
         return {
-            "free_blocks": len(self.pool.free_queue),
+            "free_blocks": self.pool.queued,
             "evictable_blocks": len(self.pool.evictable),
             "active_blocks": active,
             "usage": active / self.num_blocks,
@@ -422,7 +424,7 @@ class BlockManager:
         return self.rows.seq[self.row_of[seq_id]].created
 
     def _new_row(self, seq_id: int) -> int:
-        self.journal.set(self, "_creations", self._creations + 1)
+        self._creations += 1
         row = self.rows.take(_Seq(seq_id, self._creations))
         self.journal.put(self.row_of, seq_id, row)
         return row
@@ -467,15 +469,25 @@ class BlockManager:
             raise InvalidState(f"a sequence in the batch is {STATUSES[self.rows.row_status[row]]}, not running")
 
     def _make_running(self, row: int) -> None:
-        self.journal.set(self, "_admissions", self._admissions + 1)
-        self.journal.assign(self.rows.admitted, row, self._admissions)
-        self.journal.assign(self.rows.row_status, row, RUNNING_CODE)
+        """Admit a row this call has saved (`RowTables.save_row`: its fields change unrecorded)."""
+        self._admissions += 1
+        self.rows.admitted[row] = self._admissions
+        self.rows.row_status[row] = RUNNING_CODE
 
     def _running_tokens(self, row: int) -> list:
         return self.block_tokens[self.rows.table(row)].ravel()[:self.rows.seq_len[row]].tolist()
 
     def _count(self, stat: str, n: int) -> None:
-        self.journal.put(self.stats, stat, self.stats[stat] + n)
+        self.stats[stat] += n   # saved when the transaction began
+
+    def _save_counters(self) -> None:
+        """A transaction's first undo record (`journal.atomic` calls it): the creation and admission
+        stamps and the stats, which operations then change unrecorded."""
+        self.journal.undo.append((self._restore_counters, (self._creations, self._admissions, dict(self.stats))))
+
+    def _restore_counters(self, creations: int, admissions: int, stats: dict) -> None:
+        self._creations, self._admissions = creations, admissions
+        self.stats.update(stats)
 
     # ---------------------------------------------------------------- internals: allocation
 
@@ -497,15 +509,16 @@ class BlockManager:
 
     def _place_prompt(self, row: int, tokens: np.ndarray, hits: list, needed: int) -> None:
         B, journal = self.block_size, self.journal
-        self.pool.share(hits)
+        if hits:
+            self.pool.share(hits)
         fresh = self.pool.take(needed)
         cached = len(hits) * B
         written = np.zeros(needed * B, dtype=np.int64)
         written[:len(tokens) - cached] = tokens[cached:]
         journal.assign(self.block_tokens, fresh, written.reshape(needed, B))
-        table = hits + fresh
-        journal.assign(self.rows.seq_len, row, len(tokens))
-        self.rows.set_table(row, table)
+        table = np.concatenate([np.asarray(hits, dtype=np.int64), fresh]) if hits else fresh
+        self.rows.set_table(row, table)   # a row `add` or `resume` saved
+        self.rows.seq_len[row] = len(tokens)
         self._make_running(row)
         journal.set(self.rows.seq[row], "cached_tokens", cached)
         self._count("prompt_tokens", len(tokens))
@@ -541,7 +554,7 @@ class BlockManager:
         needs_tail, cow, tails = self._plan_append(rows)
         needy = np.flatnonzero(needs_tail | cow)
         self._require_free(len(needy))
-        if self.cache is not None and len(needy) > len(self.pool.free_queue) and len(rows) > 1:
+        if self.cache is not None and len(needy) > self.pool.queued and len(rows) > 1:
             # An eviction unindexes a block; an earlier sequence's filled block must be indexed
             # before that, as appending one at a time would. Rare: keep that order literally.
             return [copy for i in range(len(rows)) for copy in self._append_rows(rows[i:i + 1], tokens[i:i + 1])]

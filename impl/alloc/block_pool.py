@@ -1,12 +1,15 @@
 """The GPU block pool: ref counts, the never-cached free queue (FIFO) and the evictable LRU.
 
-Every block is exactly one of: free (in `free_queue`), evictable (ref count 0, still indexed in the
-prefix cache, in `evictable` from least to most recently released) or live (ref count > 0).
-Taking, sharing and releasing are O(1) per block: deque ends and OrderedDict moves, no scans.
-Every change goes through the manager's journal (`journal.py`), so a failed operation is undone.
+Every block is exactly one of: free (in the free queue), evictable (ref count 0, still indexed in
+the prefix cache, in `evictable` from least to most recently released) or live (ref count > 0).
+The free queue is a ring of block ids (`ring`, read from `head`, `queued` long, wrapping), so an
+allocation takes its blocks as one slice and a release appends a table in one write: no Python
+work per block. Sharing and releasing to the LRU are OrderedDict moves, no scans.
+Every change goes through the manager's journal (`journal.py`), one undo record per call, so a
+failed operation is undone.
 """
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from itertools import islice
 
 import numpy as np
@@ -17,34 +20,57 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.journal = journal
         self.ref_count = np.zeros(num_blocks, dtype=np.int32)
-        self.free_queue = deque(range(num_blocks))
+        self.ring = np.arange(num_blocks, dtype=np.int64)   # the free queue: ring[head], ... (wrapping)
+        self.head = 0
+        self.queued = num_blocks
         self.evictable: OrderedDict = OrderedDict()   # block -> release stamp, least recent first
         self.cache = cache
         self.evictions = 0
         self.releases = 0                             # release stamps: larger = released later
 
+    @property
+    def free_queue(self) -> list:
+        """The never-cached free blocks, oldest first (a copy)."""
+        return self.ring[self._ring_slots(self.head, self.queued)].tolist()
+
     def num_free(self) -> int:
         """Blocks an allocation could take now."""
-        return len(self.free_queue) + len(self.evictable)
+        return self.queued + len(self.evictable)
 
-    def take(self, n: int) -> list:
-        """`n` new blocks with ref count 1: oldest free first, then evict least recently released.
-        The caller has checked that `n <= num_free()`."""
+    def _ring_slots(self, start: int, count: int):
+        """Ring positions start, start + 1, ... (`count` of them, wrapping): a slice when they do
+        not wrap."""
+        end = start + count
+        if end <= self.num_blocks:
+            return slice(start, end)
+        return np.concatenate([np.arange(start, self.num_blocks), np.arange(end - self.num_blocks)])
+
+    def take(self, n: int) -> np.ndarray:
+        """`n` new blocks with ref count 1 (int64): oldest free first, then evict least recently
+        released. The caller has checked that `n <= num_free()`."""
         journal = self.journal
-        from_queue = min(n, len(self.free_queue))
-        journal.will_popleft(self.free_queue, from_queue)
-        blocks = [self.free_queue.popleft() for _ in range(from_queue)]
+        from_queue = min(n, self.queued)
+        blocks = self.ring[self._ring_slots(self.head, from_queue)]   # a copy if it wrapped
+        blocks = blocks.copy() if blocks.base is not None else blocks
         if n > from_queue:
             evicted = list(islice(self.evictable.items(), n - from_queue))   # least recent first
             journal.undo.append((self._restore_lru_front, (evicted,)))
             for _ in evicted:
                 self.evictable.popitem(last=False)
-            victims = [block for block, _ in evicted]
+            victims = np.array([block for block, _ in evicted], dtype=np.int64)
             self.cache.forget(victims)
             journal.set(self, "evictions", self.evictions + len(victims))
-            blocks += victims
-        journal.assign(self.ref_count, blocks, 1)
+            blocks = np.concatenate([blocks, victims])
+        # Free and evictable blocks all have ref count 0: the undo sets it back.
+        journal.undo.append((self._untake, (blocks, self.head, self.queued)))
+        self.head = (self.head + from_queue) % self.num_blocks
+        self.queued -= from_queue
+        self.ref_count[blocks] = 1
         return blocks
+
+    def _untake(self, blocks: np.ndarray, head: int, queued: int) -> None:
+        self.ref_count[blocks] = 0
+        self.head, self.queued = head, queued
 
     def _restore_lru_front(self, evicted: list) -> None:
         """Undo of evicting `evicted` (block, stamp) from the LRU's front, oldest first."""
@@ -71,22 +97,30 @@ class BlockPool:
         last. A block nobody holds becomes evictable if indexed, else free (its content wiped)."""
         journal = self.journal
         table = np.asarray(table, dtype=np.int64)
-        journal.save(self.ref_count, table)
-        self.ref_count[table] -= 1
-        dead = table[::-1][self.ref_count[table[::-1]] == 0].tolist()
+        tail_first = table[::-1]
+        old = self.ref_count[tail_first]
+        dead = tail_first[old == 1]
         if self.cache is None:
-            journal.will_append(self.free_queue)
-            self.free_queue.extend(dead)
-            return
-        # Every indexed block keeps its KV for hits (evictable, newest release last); the others
-        # hold nothing anyone can find again and are free.
-        indexed = [block for block in dead if self.cache.is_indexed(block)]
-        journal.will_append(self.free_queue)
-        self.free_queue.extend(block for block in dead if not self.cache.is_indexed(block))
-        journal.undo.append((self._unrelease, (indexed,)))
-        first = self.releases + 1
-        self.evictable.update(zip(indexed, range(first, first + len(indexed))))
-        journal.set(self, "releases", self.releases + len(indexed))
+            free = dead
+        else:
+            # Every indexed block keeps its KV for hits (evictable, newest release last); the others
+            # hold nothing anyone can find again and are free.
+            cached = self.cache.indexed(dead)
+            free, indexed = dead[~cached], dead[cached].tolist()
+            journal.undo.append((self._unrelease, (indexed,)))
+            first = self.releases + 1
+            self.evictable.update(zip(indexed, range(first, first + len(indexed))))
+            journal.set(self, "releases", self.releases + len(indexed))
+        slots = self._ring_slots((self.head + self.queued) % self.num_blocks, len(free))
+        journal.undo.append((self._unrelease_refs, (tail_first, old, slots, self.ring[slots].copy(), self.queued)))
+        self.ref_count[tail_first] = old - 1
+        self.ring[slots] = free
+        self.queued += len(free)
+
+    def _unrelease_refs(self, table: np.ndarray, old: np.ndarray, slots, overwritten: np.ndarray, queued: int) -> None:
+        self.ref_count[table] = old
+        self.ring[slots] = overwritten   # a transaction's older step may need these slots again
+        self.queued = queued
 
     def _unrelease(self, indexed: list) -> None:
         for block in indexed:
@@ -95,7 +129,7 @@ class BlockPool:
     def problems(self) -> list:
         """Broken parts of the `conservation` invariant for the GPU pool."""
         homes = np.zeros(self.num_blocks, dtype=np.int64)
-        np.add.at(homes, np.fromiter(self.free_queue, np.int64, len(self.free_queue)), 1)
+        np.add.at(homes, np.array(self.free_queue, dtype=np.int64), 1)
         np.add.at(homes, np.fromiter(self.evictable, np.int64, len(self.evictable)), 1)
         homes += self.ref_count > 0
         problems = [f"gpu block {b} is in {homes[b]} of free/evictable/live"

@@ -21,6 +21,8 @@ class CpuPool:
         return [self.free_queue.popleft() for _ in range(n)]
 
     def release(self, blocks: list) -> None:
+        if not blocks:
+            return
         self.journal.will_append(self.free_queue)
         self.free_queue.extend(blocks)
 

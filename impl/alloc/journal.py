@@ -104,6 +104,7 @@ def atomic(method):
                 return method(self, *args, **kwargs)
             journal.depth = 1
             try:
+                self._save_counters()
                 result = method(self, *args, **kwargs)
             except BaseException:
                 journal.rollback()

@@ -73,20 +73,39 @@ class RowTables:
     def take(self, record) -> int:
         if not self.free_rows:
             self._grow_rows()
-        journal = self.journal
-        journal.will_pop(self.free_rows)
-        row = self.free_rows.pop()
-        journal.assign(self.seq, row, record)
+        row = self.free_rows[-1]
+        self.save_row(row)
+        self.free_rows.pop()
+        self.seq[row] = record
         return row
 
     def recycle(self, row: int) -> None:
-        journal = self.journal
+        self.save_row(row)
         self.set_table(row, [])
-        journal.assign(self.seq, row, None)
-        journal.assign(self.row_status, row, UNUSED_CODE)
-        journal.will_append(self.free_rows)
+        self.seq[row] = None
+        self.row_status[row] = UNUSED_CODE
         self.free_rows.append(row)
         self.version += 1   # never undone: a memo of rows only has to see that rows changed
+
+    def save_row(self, row: int) -> None:
+        """One undo record for what an operation may then change about `row` directly, unrecorded:
+        its fields, its record, its place on the free-row list, the arena's used and live counts.
+        (Arena slots and arrays replaced whole are recorded where they are written.) Every
+        operation saves each row it changes this way, once, before changing it; `take` saves the
+        row it hands out."""
+        fields = [getattr(self, name)[row] for name in ROW_ARRAYS]
+        self.journal.undo.append((self._restore_row, (row, fields, self.seq[row], len(self.free_rows),
+                                                      self.used, self.live)))
+
+    def _restore_row(self, row: int, fields: list, record, free_rows: int, used: int, live: int) -> None:
+        for name, value in zip(ROW_ARRAYS, fields):
+            getattr(self, name)[row] = value
+        self.seq[row] = record
+        if len(self.free_rows) < free_rows:   # it was taken off the list
+            self.free_rows.append(row)
+        del self.free_rows[free_rows:]        # or put back on it
+        self.used, self.live = used, live
+        self._stamp(row)
 
     def _grow_rows(self) -> None:
         journal, old = self.journal, len(self)
@@ -101,19 +120,26 @@ class RowTables:
     # ---------------------------------------------------------------- tables
 
     def table(self, row: int) -> list:
-        start = int(self.start[row])
-        return self.arena[start:start + int(self.num_held[row])].tolist()
+        return self.table_view(row).tolist()
 
-    def set_table(self, row: int, table: list) -> None:
-        journal = self.journal
+    def table_view(self, row: int) -> np.ndarray:
+        """The row's blocks as a read-only int32 view of the arena (valid until the next change)."""
+        start = int(self.start[row])
+        view = self.arena[start:start + int(self.num_held[row])]
+        view.flags.writeable = False
+        return view
+
+    def set_table(self, row: int, table) -> None:
+        """Make `table` (a list or int array) the blocks of a saved row, in a segment of its size."""
         capacity = capacity_for(len(table))
         if capacity != self.capacity[row]:
             self._drop_segment(row)
             if capacity:
-                self._place(np.array([row]), np.array([capacity]))
-        start = int(self.start[row])
-        journal.assign(self.arena, slice(start, start + len(table)), table)
-        journal.assign(self.num_held, row, len(table))
+                self._place_one(row, capacity)
+        if len(table):
+            start = int(self.start[row])
+            self.journal.assign(self.arena, slice(start, start + len(table)), table)
+        self.num_held[row] = len(table)
         self._stamp(row)
 
     def tails(self, rows: np.ndarray) -> np.ndarray:
@@ -219,16 +245,22 @@ class RowTables:
         journal.set(self, "used", self.used + need)
         journal.set(self, "live", self.live + need)
 
+    def _place_one(self, row: int, capacity: int) -> None:
+        """`_place` for one saved row (`save_row`): its fields and the counts change unrecorded."""
+        if self.used + capacity > len(self.arena):
+            self._compact(room=capacity)
+        self.start[row], self.capacity[row] = self.used, capacity
+        self.used += capacity
+        self.live += capacity
+
     def _drop_segment(self, row: int) -> None:
-        """The row's segment is garbage now (its slots are never read again: a window that reads
-        past a narrower segment is reset); compact if three quarters of the arena are garbage."""
+        """The (saved) row's segment is garbage now (its slots are never read again: a window that
+        reads past a narrower segment is reset); compact if three quarters of the arena are garbage."""
         capacity = int(self.capacity[row])
         if capacity == 0:
             return
-        journal = self.journal
-        journal.assign(self.capacity, row, 0)
-        journal.assign(self.start, row, 0)
-        journal.set(self, "live", self.live - capacity)
+        self.capacity[row] = self.start[row] = 0
+        self.live -= capacity
         if self.live <= len(self.arena) // 4 and len(self.arena) > self.min_arena:
             self._compact(room=0)
 
