@@ -19,13 +19,13 @@ import time
 from collections import Counter
 
 from hypothesis import event, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule, \
-    run_state_machine_as_test
+from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from pagedkv.impl import BlockManager, Scheduler, SchedulerConfig
 from pagedkv.spec import RUNNING, InvalidArgument, KVSpec, OutOfBlocks, PagedKVError, slot_of
 
 from .findings import counterexamples
+from .guard import TimedMachine, call_text, run_bounded, timed_check
 from .profiles import check_profile, settings_for
 from .strategies import (CACHE_HIT, COW, EVICTION, OUT_OF_BLOCKS, FreshIds, bind, pool_configs,
                          prompts as prompt_strategy, tokens)
@@ -57,9 +57,10 @@ class Renaming:
             self.match(s, i)
 
 
-class TalliedMachine(RuleBasedStateMachine):
+class TalliedMachine(TimedMachine):
     """Counts examples, steps and interesting paths for the report (shared by both machines). A run
-    bound with `tally=` counts there; unbound, each example counts into a tally of its own."""
+    bound with `tally=` counts there; unbound, each example counts into a tally of its own. Every
+    operation on the spec, the manager or the scheduler is timed (`fuzz/guard.py`)."""
 
     tally = None
 
@@ -76,7 +77,8 @@ class TalliedMachine(RuleBasedStateMachine):
 class DifferentialMachine(TalliedMachine):
     @initialize(config=configs)
     def setup(self, config):
-        self.spec, self.impl = KVSpec(**config), BlockManager(**config, max_seqs=2, max_blocks_per_seq=1)
+        self.spec, self.impl = self.timed(f"KVSpec/BlockManager(**{config!r})", lambda: (
+            KVSpec(**config), BlockManager(**config, max_seqs=2, max_blocks_per_seq=1)))
         self.gpu, self.cpu = Renaming("gpu"), Renaming("cpu")
         self.fresh = FreshIds(start=6)   # fresh ids start above the small ids `wrong_ids` uses
         self.tally["examples"] += 1
@@ -89,13 +91,8 @@ class DifferentialMachine(TalliedMachine):
         self.tally["steps"] += 1
         evictions = self.impl.num_evictions()
         before = self.observables()
-        outcomes = []
-        for subject in (self.spec, self.impl):
-            try:
-                outcomes.append((None, getattr(subject, operation)(*args)))
-            except PagedKVError as error:
-                outcomes.append((error, None))
-        (spec_error, spec_result), (impl_error, impl_result) = outcomes
+        (spec_error, spec_result), (impl_error, impl_result) = self.timed(
+            call_text(operation, *args), lambda: self.outcomes(operation, args))
         assert type(spec_error) is type(impl_error), \
             f"{operation}{args}: spec {spec_error!r}, impl {impl_error!r}"
         if isinstance(spec_error, OutOfBlocks):
@@ -109,6 +106,16 @@ class DifferentialMachine(TalliedMachine):
         if self.impl.num_evictions() > evictions:
             self.count(EVICTION)
         return spec_error is None, spec_result, impl_result
+
+    def outcomes(self, operation, args) -> list:
+        """(error, result) of the operation on the spec, then on the manager."""
+        outcomes = []
+        for subject in (self.spec, self.impl):
+            try:
+                outcomes.append((None, getattr(subject, operation)(*args)))
+            except PagedKVError as error:
+                outcomes.append((error, None))
+        return outcomes
 
     def match_copies(self, spec_copies, impl_copies, src: Renaming, dst: Renaming) -> None:
         assert len(spec_copies) == len(impl_copies), f"copies {spec_copies} vs {impl_copies}"
@@ -208,14 +215,11 @@ class DifferentialMachine(TalliedMachine):
         tokens = data.draw(st.lists(tokens_st, min_size=len(seq_ids), max_size=len(seq_ids)))
         self.tally["steps"] += 1
         trial = copy.deepcopy(self.spec)
-        try:
-            spec_copies = [c for s, t in zip(seq_ids, tokens) for c in trial.append(s, t)]
-        except OutOfBlocks:
-            spec_copies = None
         before = self.observables()
-        try:
-            impl_copies = self.impl.append_batch(seq_ids, tokens)
-        except OutOfBlocks:
+        spec_copies, impl_copies = self.timed(call_text("append_batch", seq_ids, tokens), lambda: (
+            _unless_out_of_blocks(lambda: [c for s, t in zip(seq_ids, tokens) for c in trial.append(s, t)]),
+            _unless_out_of_blocks(lambda: self.impl.append_batch(seq_ids, tokens))))
+        if impl_copies is None:
             assert spec_copies is None, "batch refused although one-at-a-time appends fit"
             assert self.observables() == before, "a refused batch changed the manager"
             self.count("batch refused")
@@ -243,6 +247,7 @@ class DifferentialMachine(TalliedMachine):
 
     # -------------------------------------------------------------- comparing
 
+    @timed_check
     def observables(self) -> dict:
         """Everything the manager shows from outside (block ids as they are)."""
         m = self.impl
@@ -255,6 +260,7 @@ class DifferentialMachine(TalliedMachine):
         }
 
     @invariant()
+    @timed_check
     def same_observables(self):
         if not hasattr(self, "spec"):
             return
@@ -275,6 +281,7 @@ class DifferentialMachine(TalliedMachine):
         impl.check()
 
     @invariant()
+    @timed_check
     def batched_queries_agree(self):
         """`block_tables` and `slot_mapping` for all running sequences equal the per-sequence
         tables and slots."""
@@ -293,6 +300,14 @@ class DifferentialMachine(TalliedMachine):
                            for p in range(self.impl.length(s))]
 
 
+def _unless_out_of_blocks(thunk):
+    """`thunk()`, or None where it raised OutOfBlocks."""
+    try:
+        return thunk()
+    except OutOfBlocks:
+        return None
+
+
 class SchedulerMachine(TalliedMachine):
     """The Scheduler's steps replayed on the spec. With no CPU pool every preemption is by
     recompute, so its decode phase must be exactly the spec's `step` (same victims, latest
@@ -302,28 +317,41 @@ class SchedulerMachine(TalliedMachine):
                 watermark=st.sampled_from([0.0, 0.2]), max_num_seqs=st.integers(1, 6))
     def setup(self, config, watermark, max_num_seqs):
         self.spec, self.bm = KVSpec(**config), BlockManager(**config)
-        self.scheduler = Scheduler(self.bm, SchedulerConfig(max_num_seqs=max_num_seqs, watermark=watermark))
+        self.scheduler = self.timed(f"Scheduler(BlockManager(**{config!r}), SchedulerConfig(max_num_seqs="
+                                    f"{max_num_seqs}, watermark={watermark}))", lambda: Scheduler(
+                                        self.bm, SchedulerConfig(max_num_seqs=max_num_seqs, watermark=watermark)))
         self.gpu = Renaming("gpu")
         self.prompt_of = {}
         self.tally["examples"] += 1
 
     @rule(prompt=prompts, max_new_tokens=st.integers(1, 6), n=st.integers(1, 3))
     def add_request(self, prompt, max_new_tokens, n):
+        args = (len(self.prompt_of), prompt, max_new_tokens, n)
         if not self.scheduler.can_ever_fit(len(prompt), 0):
             try:
-                self.scheduler.add_request(len(self.prompt_of), prompt, max_new_tokens, n)
+                self.timed(call_text("add_request", *args), lambda: self.scheduler.add_request(*args))
             except InvalidArgument:
                 self.count("scheduler refused")
                 return
             raise AssertionError(f"a prompt of {len(prompt)} tokens that can never fit was queued")
-        for seq_id in self.scheduler.add_request(len(self.prompt_of), prompt, max_new_tokens, n):
+        for seq_id in self.timed(call_text("add_request", *args), lambda: self.scheduler.add_request(*args)):
             self.prompt_of[seq_id] = prompt
 
     @rule(data=st.data())
     def step(self, data):
         self.tally["steps"] += 1
         pending = dict(self.scheduler.pending)
-        out = self.scheduler.schedule()
+        out = self.timed("schedule()", self.scheduler.schedule)
+        self.replay_on_spec(out, pending)
+        sampled = {s: data.draw(tokens_st, label="token") for s in out.seq_ids + list(out.forked)}
+        for seq_id in self.timed(call_text("update", sampled), lambda: self.scheduler.update(sampled)):
+            self.spec.free(seq_id)
+            self.count("scheduler finished")
+        self.timed("check()", self.bm.check, record=False)
+
+    @timed_check
+    def replay_on_spec(self, out, pending: dict) -> None:
+        """The scheduled step on the spec: its decode step, then each admission, then the tables."""
         result = self.spec.step({s: pending[s] for s in self.spec.seq_ids()
                                  if self.spec.status(s) == RUNNING})
         assert out.preempted == result.preempted, f"victims {out.preempted} vs spec {result.preempted}"
@@ -351,11 +379,6 @@ class SchedulerMachine(TalliedMachine):
         for seq_id in self.spec.seq_ids():
             self.gpu.match_lists(self.spec.block_table(seq_id), self.bm.block_table(seq_id))
         assert self.spec.num_free_blocks() == self.bm.num_free_blocks()
-        sampled = {s: data.draw(tokens_st, label="token") for s in out.seq_ids + list(out.forked)}
-        for seq_id in self.scheduler.update(sampled):
-            self.spec.free(seq_id)
-            self.count("scheduler finished")
-        self.bm.check()
 
 
 def differential_settings(profile: str, **overrides):
@@ -370,8 +393,8 @@ def run_differential_check(profile: str, **overrides) -> dict:
     tally, found = Counter(), []
     started = time.monotonic()
     try:
-        run_state_machine_as_test(bind(DifferentialMachine, tally=tally), settings=chosen)
-        run_state_machine_as_test(bind(SchedulerMachine, tally=tally), settings=chosen)
+        run_bounded(bind(DifferentialMachine, tally=tally), chosen)
+        run_bounded(bind(SchedulerMachine, tally=tally), chosen)
         passed, detail = True, "BlockManager and Scheduler match KVSpec on every observable"
     except Exception as failure:  # noqa: BLE001 -- any failure is a finding to report
         passed, detail = False, f"divergence: {type(failure).__name__}: {failure}"

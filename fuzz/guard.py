@@ -1,4 +1,5 @@
-"""The call guard: every call the harness makes into a subject passes through it.
+"""The call guard: every call the harness makes into a subject passes through it, and every
+operation the spec, differential and scheduler machines run is timed by the same timer.
 
 Three ways a subject can break the kit itself become findings that name the step and the method:
 
@@ -21,15 +22,28 @@ stuck in C code that holds the GIL (the handler never gets to run). For those a 
 armed: `faulthandler` dumps every thread's stack to stderr and ends the process with status 1 once
 no guarded call has started or ended for `BACKSTOP_FACTOR` times the timeout plus `BACKSTOP_SLACK`
 seconds. It is re-armed at most every quarter timeout, because arming it costs about 140 us.
+
+The Hypothesis machines of `pagedkv check` (the spec's stateful machine, the differential and the
+scheduler machines) time each operation with the same `Deadline` (`TimedMachine`, `run_bounded`), but a
+hang there is not shrunk: it escapes Hypothesis as `Hang` (a BaseException, which Hypothesis neither
+catches nor shrinks; each shrinking attempt of a hang would cost the whole timeout again) carrying the
+program so far, and `run_bounded` reports it as a `HangFound` failure with that program. So a hang costs
+one timeout, however many steps the program had (a mutant that deleted the preemption in
+`KVSpec.step` once hung the spec check forever).
 """
 
 import faulthandler
+import functools
 import numbers
 import signal
 import sys
 import threading
 import time
 from collections.abc import Sequence
+
+from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
+
+from .strategies import bind
 
 DEFAULT_TIMEOUT = 10.0      # seconds one subject call may take before it is a `timeout` finding
 BACKSTOP_FACTOR, BACKSTOP_SLACK = 3, 5.0
@@ -134,10 +148,7 @@ class Deadline:
     def call(self, what: str, thunk):
         """`thunk()`, timed; a timeout, a sys.exit or a bad return become a `SubjectFault`."""
         try:
-            if not self.entered:
-                result = thunk()
-            else:
-                result = self._timed(thunk)
+            result = self.timed(thunk)
         except CallTimeout:
             raise SubjectFault("timeout", f"{what} did not return within {self.seconds:g} s") from None
         except SystemExit as exit_:
@@ -147,7 +158,10 @@ class Deadline:
             raise SubjectFault("protocol", f"{what} returned {_shown(result)}; the protocol wants {check[1]}")
         return result
 
-    def _timed(self, thunk):
+    def timed(self, thunk):
+        """`thunk()`, raising `CallTimeout` out of it once it overruns (untimed outside a run)."""
+        if not self.entered:
+            return thunk()
         if _STDERR is not None:
             self._refresh_backstop()
         self.in_call = True
@@ -192,3 +206,69 @@ class GuardedFactory:
 
     def __getattr__(self, name):
         return getattr(self._factory, name)
+
+
+class Hang(BaseException):
+    """A machine operation that overran its time, with the program that led to it. A BaseException,
+    so that Hypothesis lets it through at once instead of shrinking it (see the module docstring)."""
+
+    def __init__(self, message: str, program: list):
+        super().__init__(message)
+        self.message, self.program = message, program
+
+
+class HangFound(AssertionError):
+    """`run_bounded`'s report of a `Hang`: an ordinary test failure whose notes are the program, as
+    Hypothesis' own failures carry theirs (`fuzz/findings.py` reads them)."""
+
+
+class TimedMachine(RuleBasedStateMachine):
+    """A state machine whose operations run through `timed`: each is recorded in `program` and, in a
+    `run_bounded` run, interrupted once it overruns the run's `Deadline` (unbound, calls are untimed)."""
+
+    deadline = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.program = []   # this example's operations so far, as readable calls
+        self.hung = False   # teardown must not run operations on a state whose operation hung
+
+    def timed(self, step, thunk, record: bool = True):
+        """Run `thunk()` as the operation `step` (a readable call); `record=False` for checks that
+        are not steps of the program (invariants, observations)."""
+        if record:
+            self.program.append(step)
+        try:
+            return self.deadline.timed(thunk) if self.deadline is not None else thunk()
+        except CallTimeout:
+            self.hung = True
+            raise Hang(f"{step} did not return within {self.deadline.seconds:g} s", list(self.program)) from None
+
+
+def timed_check(method):
+    """A `TimedMachine` method that observes or checks (an invariant, say), timed like an operation
+    but not recorded as a step of the program."""
+    @functools.wraps(method)
+    def timed(self, *args):
+        return self.timed(f"{method.__name__}()", lambda: method(self, *args), record=False)
+    return timed
+
+
+def call_text(operation: str, *args) -> str:
+    """One operation as a readable call: `add(3, [1, 2])`."""
+    return f"{operation}({', '.join(map(repr, args))})"
+
+
+def run_bounded(machine: type, settings, seconds: float = None) -> None:
+    """`run_state_machine_as_test(machine)` with every timed operation bounded by `seconds` (default
+    `DEFAULT_TIMEOUT`); a hang raises `HangFound` naming the operation, with the program so far."""
+    deadline = Deadline(DEFAULT_TIMEOUT if seconds is None else seconds)
+    try:
+        with deadline:
+            run_state_machine_as_test(bind(machine, deadline=deadline), settings=settings)
+    except Hang as hang:
+        found = HangFound(f"timeout: {hang.message}")
+        found.add_note("program so far (unshrunk: a hang is not shrunk):")
+        for step in hang.program:
+            found.add_note(f"    {step}")
+        raise found from None

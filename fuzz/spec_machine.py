@@ -4,17 +4,17 @@ Pools and blocks are drawn small so exhaustion, eviction, copy-on-write, cache h
 every few steps. Ids come from a Bundle that keeps freed ids, so unknown-id errors arise naturally;
 bad inputs (negative tokens, empty prompts, bad modes, duplicate ids) have rules of their own.
 Every error must leave the state exactly as it was, and freeing everything at the end must return
-both pools to full.
+both pools to full. Every operation is timed (`fuzz/guard.py`): a hang is a failure with its program.
 """
 
 from collections import Counter
 
 from hypothesis import event, strategies as st
-from hypothesis.stateful import (Bundle, RuleBasedStateMachine, initialize, invariant, precondition,
-                                 rule, run_state_machine_as_test)
+from hypothesis.stateful import Bundle, initialize, invariant, precondition, rule
 
 from pagedkv.spec import DuplicateSequence, KVSpec, OutOfBlocks, PagedKVError
 
+from .guard import TimedMachine, call_text, run_bounded
 from .profiles import settings_for
 from .strategies import (CACHE_HIT, COW, EVICTION, OUT_OF_BLOCKS, RECOMPUTE, STEP_PREEMPT, SWAP, FreshIds,
                          bind, count_path, summary, pool_configs, prompts as prompt_strategy, tokens)
@@ -30,7 +30,7 @@ configs = pool_configs(num_blocks=st.integers(1, 12), block_size=st.integers(1, 
                        num_cpu_blocks=st.integers(0, 6), prefix_caching=st.sampled_from([True, True, False]))
 
 
-class SpecMachine(RuleBasedStateMachine):
+class SpecMachine(TimedMachine):
     """White-box check of the spec. A run bound with `tally=` collects examples, steps and paths
     there; unbound, each example counts into a tally of its own."""
 
@@ -43,7 +43,7 @@ class SpecMachine(RuleBasedStateMachine):
 
     @initialize(config=configs)
     def setup(self, config):
-        self.kv = KVSpec(**config)
+        self.kv = self.timed(f"KVSpec(**{config!r})", lambda: KVSpec(**config))
         self.new_id = FreshIds()
         self.tally["examples"] += 1
 
@@ -55,7 +55,7 @@ class SpecMachine(RuleBasedStateMachine):
         before = self.kv.snapshot()
         indexed_before = self.kv.cached_blocks()
         try:
-            result = getattr(self.kv, operation)(*args)
+            result = self.timed(call_text(operation, *args), lambda: getattr(self.kv, operation)(*args))
         except PagedKVError as error:
             assert self.kv.snapshot() == before, f"failed {operation}{args} changed the state"
             count_path(self.tally, OUT_OF_BLOCKS, isinstance(error, OutOfBlocks))
@@ -164,14 +164,14 @@ class SpecMachine(RuleBasedStateMachine):
 
     @invariant()
     def invariants_hold(self):
-        self.kv.check()
+        self.timed("check()", self.kv.check, record=False)
 
     def teardown(self):
-        if not hasattr(self, "kv"):
+        if not hasattr(self, "kv") or self.hung:
             return
         for seq_id in self.kv.seq_ids():
-            self.kv.free(seq_id)
-        self.kv.check()
+            self.timed(call_text("free", seq_id), lambda s=seq_id: self.kv.free(s))
+        self.timed("check()", self.kv.check, record=False)
         assert self.kv.num_free_blocks() == self.kv.num_blocks, "blocks leaked after freeing everything"
         assert self.kv.num_free_cpu_blocks() == self.kv.num_cpu_blocks, "cpu blocks leaked"
 
@@ -179,7 +179,7 @@ class SpecMachine(RuleBasedStateMachine):
 def run_spec_machine(profile: str, **overrides) -> Counter:
     """Run the spec's stateful check under `profile`; return the tally of examples, steps, paths."""
     tally = Counter()
-    run_state_machine_as_test(bind(SpecMachine, tally=tally), settings=settings_for(profile, **overrides))
+    run_bounded(bind(SpecMachine, tally=tally), settings_for(profile, **overrides))
     return tally
 
 
