@@ -32,6 +32,7 @@ superseded partial key re-registered on a later step, beside the full key of the
 """
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Hashable, Optional
 
@@ -139,10 +140,7 @@ class EventCheck:
         for event in events:
             self.kv.expect(isinstance(event, EVENT_TYPES), "protocol",
                            f"kv_events() returned {event!r}: not a BlockStored, BlockRemoved or AllBlocksCleared")
-            self.apply(event)
-
-    def apply(self, event) -> None:
-        self.mirror.apply(event)
+            self.mirror.apply(event)
 
     # -------------------------------------------------------------- the index
 
@@ -150,8 +148,11 @@ class EventCheck:
         """After a rule: the stream so far agrees with the subject's index, and every entry's block holds
         its key's prefix."""
         self.settle()
-        index = self.kv._guarded(lambda: dict(self.kv.subject.cache_index()), "cache_index")
-        index = {key: list(blocks) for key, blocks in index.items() if list(blocks)}
+        index = self.kv._guarded(self.kv.subject.cache_index, "cache_index")
+        self.kv.expect(isinstance(index, Mapping), "protocol",
+                       f"cache_index() returned {type(index).__name__}, not a mapping of key -> blocks")
+        index = {key: list(blocks) for key, blocks in index.items()}
+        index = {key: blocks for key, blocks in index.items() if blocks}
         counts = {key: len(blocks) for key, blocks in index.items()}
         mirrored = self.mirror.counted()
         if counts != mirrored:

@@ -13,14 +13,20 @@ drives it:
   hashes newly full blocks), then `allocate_slots(request, 1)` for its slot. When vLLM refuses, the
   scheduler would preempt; the protocol wants a refused call to change nothing, so the token is taken
   back off the request (its token lists and any block hash it completed) before `OutOfBlocks`.
-- `free(seq)`: `KVCacheManager.free(request)` (tail blocks released first, as in vLLM).
+- `free(seq)`: `KVCacheManager.free(request)` (tail blocks released first, as in vLLM). For an id the
+  scheduler does not hold, vLLM's abort of a request it never scheduled (the manager must hold
+  nothing for it), then the protocol's `UnknownSequence`.
 - `block_table(seq)`: `get_block_ids(request_id)` of the one KV-cache group.
+- `kv_events()` / `cache_index()` (capability `kv_events`, fuzz/events.py): the block pool's own
+  events (`KVCacheManager.take_events`, the manager made with `enable_kv_cache_events` when caching is
+  on) and its hash index, keyed as the events key it.
 
 vLLM reserves block 0 as its null block, so the pool is made with `num_blocks + 1` blocks and every id
 is shifted down by one: the protocol sees `0..num_blocks-1`. Sequence ids and their errors
 (`UnknownSequence`, `DuplicateSequence`) are the scheduler's bookkeeping, kept here. vLLM has no
 fork or swap (v1 preempts by recompute), so `capabilities` declares `prefix_caching`, on or off as
-drawn (`enable_caching`), and `complete_cache` (released blocks serve until handed out again).
+drawn (`enable_caching`), `complete_cache` (released blocks serve until handed out again) and
+`kv_events`.
 
 vLLM is imported normally when it is installed at the pinned version; otherwise its wheel is
 installed into pagedkv's wheel cache (`wheels.install`) and only the modules under test are loaded,

@@ -253,14 +253,14 @@ def checker(block_size=2):
 def test_a_removal_of_an_unannounced_key_fires():
     kv, check = checker()
     with pytest.raises(OracleFailure, match="BlockRemoved for key"):
-        check.apply(BlockRemoved(("k",)))
+        check.mirror.apply(BlockRemoved(("k",)))
 
 
 def test_an_unannounced_parent_fires():
     kv, check = checker()
     kv.add(1, [1, 2, 3, 4, 5])
     with pytest.raises(OracleFailure, match="names parent"):
-        check.apply(BlockStored(("b",), "a", (3, 4)))
+        check.mirror.apply(BlockStored(("b",), "a", (3, 4)))
 
 
 def test_a_key_announced_for_two_prefixes_fires():
@@ -269,13 +269,13 @@ def test_a_key_announced_for_two_prefixes_fires():
     check.settle()
     key = next(iter(check.mirror.prefix))
     with pytest.raises(OracleFailure, match="announced it before"):
-        check.apply(BlockStored((key,), None, (9, 9)))
+        check.mirror.apply(BlockStored((key,), None, (9, 9)))
 
 
 def test_tokens_must_cover_the_announced_blocks():
     kv, check = checker()
     with pytest.raises(OracleFailure, match="carries 3 tokens"):
-        check.apply(BlockStored(("a", "b"), None, (1, 2, 3)))
+        check.mirror.apply(BlockStored(("a", "b"), None, (1, 2, 3)))
 
 
 def test_cleared_forgets_everything():
@@ -283,7 +283,7 @@ def test_cleared_forgets_everything():
     kv.add(1, [1, 2, 3])
     check.settle()
     assert check.mirror.counted()
-    check.apply(AllBlocksCleared())
+    check.mirror.apply(AllBlocksCleared())
     assert not check.mirror.counted() and not check.mirror.prefix
 
 
@@ -300,3 +300,22 @@ def test_a_prefix_inside_a_block_counts_only_its_own_slots(block_size, length, c
     assert check.holds_prefix(table[(cut - 1) // block_size], tuple(tokens[:cut]))
     wrong = tuple(tokens[:cut - 1]) + (tokens[cut - 1] + 1,)
     assert not check.holds_prefix(table[(cut - 1) // block_size], wrong)
+
+
+class SaysTuples(PublishingSpec):
+    def kv_events(self):
+        return [("stored", event) for event in super().kv_events()]
+
+
+class IndexAsList(PublishingSpec):
+    def cache_index(self):
+        return list(super().cache_index().items())
+
+
+@pytest.mark.parametrize("subject, what", [(SaysTuples, r"kv_events\(\) returned \('stored'"),
+                                           (IndexAsList, r"cache_index\(\) returned list")],
+                         ids=lambda value: getattr(value, "__name__", "message"))
+def test_events_and_index_of_the_wrong_type_are_protocol_findings(subject, what):
+    with pytest.raises(OracleFailure, match=r"\[protocol\] " + what):
+        replay(subject, {"num_blocks": 4, "block_size": 2, "prefix_caching": True, "num_cpu_blocks": 0},
+               [["add", [1, [1, 2, 3]]]], policy="any", capabilities=CAPABILITIES)
