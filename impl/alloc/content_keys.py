@@ -35,7 +35,7 @@ class ContentKeys:
 
     def block_hashes(self, rows: np.ndarray) -> np.ndarray:
         """uint64 hash of each row of an [n, block_size] int64 array of tokens."""
-        h = (rows.view(np.uint64) * self.multipliers).sum(axis=1, dtype=np.uint64)
+        h = rows.view(np.uint64) @ self.multipliers   # integer matmul wraps mod 2**64, as a sum would
         h ^= h >> _SHIFT_A
         h *= _MIX
         h ^= h >> _SHIFT_B

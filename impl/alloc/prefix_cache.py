@@ -26,6 +26,7 @@ Every change goes through the manager's journal (`journal.py`), so a failed oper
 """
 
 from itertools import repeat
+from operator import itemgetter
 
 import numpy as np
 
@@ -72,17 +73,28 @@ class PrefixCache:
         rows = tokens[:max_blocks * self.block_tokens.shape[1]].reshape(max_blocks, -1)
         keys = self.keys.chain(ROOT, self.keys.block_hashes(rows))
         names = dict_keys(keys)
-        found = np.fromiter(map(self.by_key.get, names, repeat(NONE)), np.int64, max_blocks)
+        found = self._probe(names)
         previous = np.concatenate(([NONE], found[:-1]))
         safe = np.maximum(found, 0)
         holders = self.node_holder[safe]
         confirmed = (found != NONE) & (self.node_parent[safe] == previous) & (holders != NONE)
-        confirmed &= (self.block_tokens[np.maximum(holders, 0)] == rows).all(axis=1)
+        held = self.block_tokens[np.maximum(holders, 0)]
+        if not np.array_equal(held, rows):   # one pass when every block hits (the common case)
+            confirmed &= (held == rows).all(axis=1)
         hits = int(np.argmin(confirmed)) if not confirmed.all() else max_blocks
         served = holders[:hits].tolist()
         if hits < max_blocks and found[hits] != NONE and self.collided:
             self._lookup_sequentially(served, names, rows, hits, int(found[hits - 1]) if hits else NONE)
         return served
+
+    def _probe(self, names: list) -> np.ndarray:
+        """The node filed first under each key (-1: none): one C-level pass when all are there."""
+        if len(names) > 1:
+            try:
+                return np.fromiter(itemgetter(*names)(self.by_key), np.int64, len(names))
+            except KeyError:
+                pass
+        return np.fromiter(map(self.by_key.get, names, repeat(NONE)), np.int64, len(names))
 
     def _lookup_sequentially(self, served: list, names: list, rows, start: int, parent: int) -> None:
         """Go on from block `start` one candidate list at a time (a key is shared)."""
@@ -128,7 +140,7 @@ class PrefixCache:
         nodes, parent_keys = self._parent_nodes(parents)
         keys = self.keys.after(parent_keys, hashes)
         names = dict_keys(keys)
-        if len(set(names)) < len(names) or any(map(self.by_key.__contains__, names)):
+        if len(set(names)) < len(names) or not self.by_key.keys().isdisjoint(names):
             self._fill_sequentially(blocks, parents, hashes)
             return
         self._link(self._new_nodes(len(blocks)), blocks, nodes, keys, names)
@@ -139,7 +151,7 @@ class PrefixCache:
         start_node, start_key = (int(x[0]) for x in self._parent_nodes(np.array([parent])))
         keys = self.keys.chain(start_key, hashes)
         names = dict_keys(keys)
-        found = np.fromiter(map(self.by_key.get, names, repeat(NONE)), np.int64, len(names))
+        found = self._probe(names)
         existing = self._existing_prefix(found, start_node, self.block_tokens[blocks])
         for block, node in zip(blocks[:existing].tolist(), found[:existing].tolist()):
             self._join(node, block)
@@ -179,7 +191,7 @@ class PrefixCache:
             if node == NONE:
                 new = self._new_nodes(1)
                 self._link(new, np.array([block]), np.array([parent_node]), np.array([key], dtype=np.uint64),
-                           [dict_key(key)])
+                           [dict_key(key)], untaken=False)
             else:
                 self._join(node, block)
 
@@ -197,19 +209,31 @@ class PrefixCache:
         holder = self.node_holder[node]
         return self.orphans[node] if holder == NONE else self.block_tokens[holder]
 
-    def _link(self, new, blocks, parent_nodes, keys, names: list) -> None:
-        """Make `new[i]` the content of `blocks[i]` (its only holder) after `parent_nodes[i]`."""
+    def _link(self, new, blocks, parent_nodes, keys, names: list, untaken: bool = True) -> None:
+        """Make `new[i]` (unused ids) the content of `blocks[i]` (not indexed), its only holder,
+        after `parent_nodes[i]`; `untaken`: the caller knows the keys are distinct and unfiled."""
         journal = self.journal
-        journal.assign(self.node_parent, new, parent_nodes)
-        journal.assign(self.node_key, new, keys)
-        journal.assign(self.node_holder, new, blocks)
-        journal.assign(self.node_children, new, 0)
-        journal.assign(self.next_holder, blocks, NONE)
-        journal.assign(self.block_node, blocks, new)
+        # An unused id's parent is FREED and an unindexed block's node and next holder are -1:
+        # undoing sets those back (also right if this never happened) and restores the other
+        # fields, which an id freed earlier in this transaction must get back.
+        journal.undo.append((self._unlink, (new, blocks, self.node_key[new], self.node_holder[new],
+                                            self.node_children[new])))
+        self.node_parent[new] = parent_nodes
+        self.node_key[new] = keys
+        self.node_holder[new] = blocks
+        self.node_children[new] = 0
+        self.next_holder[blocks] = NONE
+        self.block_node[blocks] = new
         extended = parent_nodes[parent_nodes != NONE]
         journal.save(self.node_children, extended)
         np.add.at(self.node_children, extended, 1)
-        self._file(names, new.tolist())
+        self._file(names, new.tolist(), untaken)
+
+    def _unlink(self, new, blocks, keys, holders, children) -> None:
+        self.node_parent[new] = FREED
+        self.node_key[new], self.node_holder[new], self.node_children[new] = keys, holders, children
+        self.block_node[blocks] = NONE
+        self.next_holder[blocks] = NONE
 
     def _join(self, node: int, block: int) -> None:
         """`block` becomes one more holder of `node`, in block order."""
@@ -317,7 +341,9 @@ class PrefixCache:
         fresh = n - len(reused)
         if self.nodes_used + fresh > len(self.node_parent):
             self._grow(self.nodes_used + fresh)
-        ids = np.array(reused + list(range(self.nodes_used, self.nodes_used + fresh)), dtype=np.int64)
+        ids = np.arange(self.nodes_used, self.nodes_used + fresh, dtype=np.int64)
+        if reused:
+            ids = np.concatenate((np.array(reused, dtype=np.int64), ids))
         journal.set(self, "nodes_used", self.nodes_used + fresh)
         return ids
 
@@ -329,11 +355,14 @@ class PrefixCache:
             grown[:len(old)] = old
             self.journal.set(self, name, grown)
 
-    def _file(self, names: list, nodes: list) -> None:
-        """File new nodes under their (distinct, untaken) keys; a taken key (the sequential path)
-        lists the node among its collisions."""
+    def _file(self, names: list, nodes: list, untaken: bool) -> None:
+        """File new nodes under their keys; a taken key (the sequential path) lists the node
+        among its collisions."""
         by_key = self.by_key
         self.journal.undo.append((self._unfile_new, (names, nodes)))
+        if untaken:
+            by_key.update(zip(names, nodes))
+            return
         for name, node in zip(names, nodes):
             if name in by_key:
                 self.collided[name] = (*self.collided.get(name, ()), node)
@@ -418,7 +447,7 @@ class PrefixCache:
         problems += [f"content id {n} is both live and free" for n in sorted(alive & free)]
         problems += [f"content id {n} is neither live nor free" for n in range(self.nodes_used)
                      if n not in alive and n not in free]
-        return problems + self._sibling_problems(live, block_tokens)
+        return problems + self._sibling_problems(sorted(alive), block_tokens)   # a node filed twice counts once
 
     def _node_problems(self, node: int, alive: set, block_tokens) -> list:
         problems, holders = [], self._holders(node)

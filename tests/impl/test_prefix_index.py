@@ -1,0 +1,146 @@
+"""The prefix index against a plain model: indexed block -> its prefix (every token up to the
+block's end), a hit being the lowest-numbered indexed block with the prompt's prefix.
+
+Random fills (a prompt's chain, or a decode step's blocks each after a block indexed before),
+forgets (any indexed blocks, in any order, so contents nobody holds but that still have children
+arise) and lookups, on two-token blocks over a two-letter alphabet (equal contents are common),
+with the real keys and with keys squeezed into 3 values (every lookup and fill meets collisions,
+which only content and parent may resolve). After every step the index states exactly the model
+and its invariant holds; a rolled-back step leaves it as it was.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import pagedkv.impl.alloc.prefix_cache as prefix_cache
+from pagedkv.impl import BlockManager
+from pagedkv.impl.alloc.journal import Journal
+from pagedkv.impl.alloc.prefix_cache import PrefixCache
+
+B, NUM_BLOCKS = 2, 12
+block_tokens = st.tuples(st.integers(0, 1), st.integers(0, 1))
+
+
+@pytest.fixture(params=["real keys", "3 keys"])
+def keys(request, monkeypatch):
+    if request.param == "3 keys":
+        monkeypatch.setattr(prefix_cache, "dict_keys", lambda keys: (keys % np.uint64(3)).tolist())
+        monkeypatch.setattr(prefix_cache, "dict_key", lambda key: key % 3)
+    return request.param
+
+
+class Subject:
+    """A PrefixCache over its own pool, with the model beside it."""
+
+    def __init__(self):
+        self.tokens = np.zeros((NUM_BLOCKS, B), dtype=np.int64)
+        self.journal = Journal()
+        self.cache = PrefixCache(self.journal, self.tokens)
+        self.model = {}   # indexed block -> prefix (a tuple of token pairs)
+
+    def unindexed(self) -> list:
+        return [b for b in range(NUM_BLOCKS) if b not in self.model]
+
+    def fill(self, blocks: list, parents: list, contents: list) -> None:
+        for block, content in zip(blocks, contents):   # written through the journal, as the manager does
+            self.journal.assign(self.tokens, block, content)
+        self.cache.fill(blocks, parents)
+        for block, parent, content in zip(blocks, parents, contents):
+            if block not in self.model:
+                self.model[block] = (self.model[parent] if parent >= 0 else ()) + (content,)
+
+    def forget(self, blocks: list) -> None:
+        self.cache.forget(blocks)
+        for block in blocks:
+            self.model.pop(block, None)
+
+    def expected_hits(self, prompt: tuple) -> list:
+        hits = []
+        for depth in range(1, len(prompt) + 1):
+            holders = [b for b, prefix in self.model.items() if prefix == prompt[:depth]]
+            if not holders:
+                break
+            hits.append(min(holders))
+        return hits
+
+    def agrees(self) -> None:
+        assert self.cache.problems(self.tokens) == []
+        assert self.cache.contents() == self.model
+
+
+@st.composite
+def steps(draw):
+    """A list of (kind, choices) the test resolves against the state it has reached."""
+    kinds = st.sampled_from(["chain", "each", "forget", "lookup", "rollback"])
+    return draw(st.lists(st.tuples(kinds, st.randoms(use_true_random=False)), min_size=1, max_size=40))
+
+
+def run_step(subject: Subject, kind: str, rng) -> None:
+    indexed = sorted(subject.model)
+    free = subject.unindexed()
+    if kind == "chain" and free:
+        blocks = rng.sample(free, rng.randint(1, min(4, len(free))))
+        parent = rng.choice([-1, *indexed])
+        subject.fill(blocks, [parent, *blocks[:-1]], [(rng.randint(0, 1), rng.randint(0, 1)) for _ in blocks])
+    elif kind == "each" and free:
+        blocks = rng.sample(free, rng.randint(1, min(4, len(free))))
+        if indexed and rng.random() < 0.2:
+            blocks.append(rng.choice(indexed))   # an indexed block keeps its content
+        parents = [rng.choice([-1, *indexed]) for _ in blocks]
+        contents = [tuple(subject.tokens[b]) if b in subject.model else (rng.randint(0, 1), rng.randint(0, 1))
+                    for b in blocks]
+        subject.fill(blocks, parents, contents)
+    elif kind == "forget" and indexed:
+        subject.forget(rng.sample(indexed, rng.randint(1, len(indexed))))
+    elif kind == "lookup":
+        base = subject.model[rng.choice(indexed)] if indexed else ()
+        prompt = base + tuple((rng.randint(0, 1), rng.randint(0, 1)) for _ in range(rng.randint(0, 2)))
+        flat = np.array([t for pair in prompt for t in pair] + [0], dtype=np.int64)
+        assert subject.cache.lookup(flat, len(prompt)) == subject.expected_hits(prompt)
+    elif kind == "rollback":   # forget, fill (reusing the ids just freed), forget; then undo it all
+        before, model = (subject.cache.contents(), subject.cache.holder_lists()), dict(subject.model)
+        for part in ("forget", "chain", "forget"):
+            if part == "forget" and subject.model:
+                subject.forget(rng.sample(sorted(subject.model), rng.randint(1, len(subject.model))))
+            elif part == "chain":
+                blocks = rng.sample(subject.unindexed(), rng.randint(1, 3))
+                subject.fill(blocks, [-1, *blocks[:-1]], [(rng.randint(0, 1), rng.randint(0, 1)) for _ in blocks])
+        subject.journal.rollback()
+        subject.model = model
+        assert (subject.cache.contents(), subject.cache.holder_lists()) == before
+    subject.journal.undo.clear()
+
+
+# The `keys` fixture only patches module functions, the same for every example: sharing it is intended.
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(plan=steps())
+def test_the_index_states_the_model(keys, plan):
+    subject = Subject()
+    for kind, rng in plan:
+        run_step(subject, kind, rng)
+        subject.agrees()
+
+
+def test_a_content_nobody_holds_keeps_its_children_findable(keys):
+    subject = Subject()
+    subject.fill([3, 5], [-1, 3], [(1, 0), (0, 1)])
+    subject.forget([3])                                   # (1, 0) is held by nobody, (0, 1) after it by 5
+    subject.agrees()
+    prompt = np.array([1, 0, 0, 1, 7], dtype=np.int64)
+    assert subject.cache.lookup(prompt, 2) == []          # a lookup stops where nobody holds the prefix
+    subject.fill([8], [-1], [(1, 0)])                     # an equal block fills: the prefix is held again
+    assert subject.cache.lookup(prompt, 2) == [8, 5]
+    subject.agrees()
+
+
+def test_one_python_hash_two_contents_through_the_manager():
+    """`t` and `t + 2**61 - 1` share Python's int hash; the index tells them apart by content."""
+    big = 2 ** 61 - 1
+    bm = BlockManager(8, 2, prefix_caching=True)
+    bm.add(1, [1, 2, 9])
+    bm.add(2, [1, 2 + big, 9])
+    assert bm.cached_tokens(2) == 0 and bm.cached_prefix_tokens([1, 2 + big, 5]) == 2
+    assert bm.cache.contents() == {0: ((1, 2),), 2: ((1, 2 + big),)}
+    bm.check()
