@@ -249,8 +249,10 @@ def _open_redis(spec: str) -> tuple:
 
 
 def harness_settings(profile: str, phases=GENERATE, **overrides):
-    """The profile's settings for the conformance machine: quiet, one bug per run, no explain phase."""
-    return settings_for(profile, verbosity=Verbosity.quiet, report_multiple_bugs=False, phases=phases, **overrides)
+    """The profile's settings for the conformance machine: quiet, every distinct bug (one OracleFailure
+    class per oracle: Hypothesis shrinks each on its own, so the first oracle that fired is never
+    replaced by another one that shrinking ran into), no explain phase."""
+    return settings_for(profile, verbosity=Verbosity.quiet, report_multiple_bugs=True, phases=phases, **overrides)
 
 
 # ---------------------------------------------------------------------- one run
@@ -260,26 +262,51 @@ def _failure(error: OracleFailure) -> dict:
 
 
 def run_once(subject, settings, tally: Counter, seed: int = None, call_timeout: float = DEFAULT_TIMEOUT,
-             policy: str = "spec", space: dict = None) -> dict:
+             policy: str = "spec", space: dict = None, started: float = None) -> dict:
     """One Hypothesis run of the harness under `policy`, drawing from `space` (default: what the
-    subject declares), every subject call guarded (fuzz/guard.py); the (shrunk) counterexample as a
-    dict, or None. `seed` fixes what the run draws."""
-    deadline = Deadline(call_timeout)
+    subject declares), every subject call guarded (fuzz/guard.py); the counterexample as a dict
+    (see `_reported`), or None. `seed` fixes what the run draws; `started` (a `time.monotonic()`,
+    default: now) is what the first failure's seconds count from."""
+    deadline, found = Deadline(call_timeout), []
+    started = time.monotonic() if started is None else started
     machine = machine_for(GuardedFactory(subject.factory, deadline), subject.capabilities, tally, subject.target,
-                          policy=policy, config_space=config_space(subject) if space is None else space)
+                          policy=policy, config_space=config_space(subject) if space is None else space, found=found)
     if seed is not None:
         machine = hypothesis_seed(seed)(machine)
     try:
         with deadline:
             run_state_machine_as_test(machine, settings=settings)
     except OracleFailure as failure:
-        return _failure(failure)
+        return _reported([_failure(failure)], found, started)
+    except BaseExceptionGroup as group:   # several distinct oracles fired (or a flaky subject: below)
+        failures, other = group.split(OracleFailure)
+        if other is None:
+            return _reported([_failure(leaf) for leaf in _leaves(failures)], found, started)
+        return {"oracle": type(group).__name__, "message": str(group), "config": {}, "program": [],
+                "trace": [], "state": {}}
     except unittest.SkipTest:  # a replay-only run over an empty database: nothing to replay
         return None
     except Exception as error:  # not an oracle: Hypothesis itself (flaky subject) or a harness bug
         return {"oracle": type(error).__name__, "message": str(error), "config": {}, "program": [],
                 "trace": [], "state": {}}
     return None
+
+
+def _leaves(group) -> list:
+    return [leaf for error in group.exceptions
+            for leaf in (_leaves(error) if isinstance(error, BaseExceptionGroup) else [error])]
+
+
+def _reported(failures: list, found: list, started: float) -> dict:
+    """The counterexample of one run: the shrunk one of the oracle that fired first, with `first` (that
+    failure as found, before shrinking: oracle, message, program, steps, example number, seconds since
+    `started`) and `distinct` (every other oracle's shrunk counterexample, each a failure dict)."""
+    first = found[0] if found else failures[0]
+    main = next((failure for failure in failures if failure["oracle"] == first["oracle"]), failures[0])
+    summary = {"oracle": first["oracle"], "message": first["message"], "program": first["program"],
+               "steps": len(first["program"]), "examples": first.get("examples"),
+               "seconds": round(first["at"] - started, 2) if "at" in first else None}
+    return {**main, "first": summary, "distinct": [failure for failure in failures if failure is not main]}
 
 
 def replay_guarded(subject, config: dict, program: list, call_timeout: float = DEFAULT_TIMEOUT,
@@ -337,13 +364,13 @@ def fuzz_worker(options: Options, tally: Counter, stop, worker: int = 0) -> tupl
     subject = resolve(options.target, options.block_sizes)
     database, _, note = open_database(options.db)
     base = {"database": database, "derandomize": False}
-    space, run = config_space(subject, options.block_sizes), 0
+    space, run, started = config_space(subject, options.block_sizes), 0, time.monotonic()
 
     def once(settings):
         nonlocal run
         run += 1
         return run_once(subject, settings, tally, run_seed(options.seed, worker, run), options.call_timeout,
-                        options.policy, space)
+                        options.policy, space, started)
 
     failure = once(harness_settings(options.profile, REPLAY, **base))
     found_in = "replay"
@@ -358,6 +385,8 @@ def fuzz_worker(options: Options, tally: Counter, stop, worker: int = 0) -> tupl
         tally["runs"] += 1
     if failure:
         failure = drop_needless_steps(subject, failure, options.call_timeout, options.policy)
+        failure["distinct"] = [drop_needless_steps(subject, other, options.call_timeout, options.policy)
+                               for other in failure.get("distinct", ())]
         failure.update(found_in=found_in, worker=worker)
         stop.set()
     return failure, note
@@ -461,7 +490,14 @@ def _run_in_processes(options: Options, display) -> tuple:
         raise RuntimeError(f"worker failed: {errors[0] if errors else 'exited without a result'}")
     failures = [results[w][0] for w in sorted(results) if results[w][0]]
     note = next((note for _, note, _ in results.values() if note), "")
-    return (failures[0] if failures else None), note, total
+    if not failures:
+        return None, note, total
+    main, seen = failures[0], {failures[0]["oracle"]} | {other["oracle"] for other in failures[0].get("distinct", ())}
+    for other in (found for failure in failures[1:] for found in [failure, *failure.get("distinct", ())]):
+        if other["oracle"] not in seen:   # another worker's oracle: distinct too
+            seen.add(other["oracle"])
+            main.setdefault("distinct", []).append({key: value for key, value in other.items() if key != "distinct"})
+    return main, note, total
 
 
 # ---------------------------------------------------------------------- progress
@@ -545,6 +581,14 @@ def report(result: Result, out) -> None:
         print(f"PASS: no oracle fired ({', '.join(ORACLES)})", file=out)
         return
     print(format_failure(result.failure), file=out)
+    first, others = result.failure.get("first"), result.failure.get("distinct", ())
+    if first:
+        print(f"first failure: oracle {first['oracle']!r}, {first['seconds']} s into the run, in example "
+              f"{first['examples']}, {first['steps']} steps before shrinking: {first['message']}", file=out)
+    if others:
+        print(f"{len(others)} more distinct failure(s): {', '.join(other['oracle'] for other in others)}", file=out)
+        for other in others:
+            print(format_failure(other), file=out)
     if result.regression:
         print(f"regression test written to {result.regression}", file=out)
 

@@ -25,6 +25,7 @@ one per policy (`POLICIES`):
 `machine_for` builds the Hypothesis `RuleBasedStateMachine` around it for one subject factory.
 """
 
+import time
 from collections import Counter
 
 from hypothesis import strategies as st
@@ -45,11 +46,14 @@ SWAP_PROTOCOL = ("swap_out", "swap_in")
 #: until handed out again (checked under policy `any`). `conservative_admission`: `add`, `append`
 #: and `swap_in` may refuse with OutOfBlocks although the blocks were there (still atomically;
 #: counted). `dedup_on_fill`: when a copied-on-write tail fills and equals a cached block, the table
-#: may name the cached block instead of the copy's target (vLLM v0's block manager v2).
+#: may name the cached block instead of the copy's target (vLLM v0's block manager v2). `swap_sharing`:
+#: swap_out may map a full block onto a CPU block of another swapped sequence that holds the same
+#: content, and swap_in onto a running sequence's GPU block that holds it (v0's block manager v2,
+#: prefix caching on both pools), so a swap may need fewer free blocks than the table has.
 #: `kv_events`: the subject publishes its prefix index as events and shows the index itself
 #: (`kv_events()`, `cache_index()`; fuzz/events.py), checked with prefix caching on.
 CAPABILITIES = frozenset({"fork", "prefix_caching", "swap", "complete_cache", "conservative_admission",
-                          "dedup_on_fill", "kv_events"})
+                          "dedup_on_fill", "swap_sharing", "kv_events"})
 DEFAULT_CAPABILITIES = frozenset({"fork"})
 POLICIES = ("spec", "any")
 #: Paths a campaign reports as covered.
@@ -164,13 +168,22 @@ class AnyJudge:
         if op == "swap_out":
             if swapped:
                 return {InvalidState}, set()
-            return ({OutOfBlocks}, set()) if len(before["tables"][seq]) > self.free_cpu() else (set(), set())
+            return self.swap_due(len(before["tables"][seq]), kv.shareable(seq, kv.cpu, self.swapped_cpu()),
+                                 self.free_cpu(), conservative=False)
         if op == "swap_in":
             if live:
                 return {InvalidState}, set()
-            short = len(kv.cpu_tables[seq]) > self.free(before)
-            return ({OutOfBlocks} if short else set()), ({OutOfBlocks} if self.conservative() else set())
+            return self.swap_due(len(kv.cpu_tables[seq]), kv.shareable(seq, kv.gpu, kv.live(before)),
+                                 self.free(before), conservative=self.conservative())
         return set(), set()   # free, block_table
+
+    def swap_due(self, blocks: int, shareable: int, free: int, conservative: bool) -> tuple:
+        """(must, may) of a swap of `blocks` blocks into a pool with `free` free blocks: OutOfBlocks
+        is due when even sharing every `shareable` block (swap_sharing) does not fit, allowed when
+        the swap fits only by sharing (the subject need not share) or the subject is conservative."""
+        least = blocks - (shareable if "swap_sharing" in self.kv.capabilities else 0)
+        must = {OutOfBlocks} if least > free else set()
+        return must, ({OutOfBlocks} if conservative or blocks > free else set()) - must
 
     def oom_needed(self, op: str, args: tuple, before: dict, must: set) -> bool:
         """The refusal was forced: no legal way to do `op` fitted (for the precision figure)."""
@@ -183,8 +196,12 @@ class AnyJudge:
         """Free GPU blocks as the harness counts them (free_count holds the subject to the same)."""
         return self.kv.config["num_blocks"] - len(set().union(*before["tables"].values()))
 
+    def swapped_cpu(self) -> set:
+        return set().union(*self.kv.cpu_tables.values())
+
     def free_cpu(self) -> int:
-        return self.kv.config["num_cpu_blocks"] - sum(len(table) for table in self.kv.cpu_tables.values())
+        """CPU blocks in no swapped table (a block two swapped tables share counts once)."""
+        return self.kv.config["num_cpu_blocks"] - len(self.swapped_cpu())
 
     def append_needs_block(self, seq: int, before: dict) -> bool:
         table, position = before["tables"][seq], len(self.kv.tokens[seq])
@@ -303,7 +320,8 @@ JUDGES = {"spec": SpecJudge, "any": AnyJudge}
 class Conformance:
     """One subject, its judge (`policy`), the harness's ghost memory and sequence model, and the oracles."""
 
-    def __init__(self, factory, config: dict, tally: Counter = None, *, policy: str = "spec", capabilities=None):
+    def __init__(self, factory, config: dict, tally: Counter = None, *, policy: str = "spec", capabilities=None,
+                 found: list = None):
         if policy not in JUDGES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
         self.config, self.policy = dict(config), policy
@@ -314,6 +332,7 @@ class Conformance:
         self.tokens = {}                # live sequence -> its tokens, as the harness knows them
         self.cpu_tables = {}            # swapped sequence -> its CPU table, from swap_out's copies
         self.failed = False             # an oracle fired: teardown must not pile a second finding on it
+        self.found = found              # a run's list: its first failure is appended, before any shrinking
         self.capabilities = frozenset(capabilities if capabilities is not None else DEFAULT_CAPABILITIES)
         self.judge = JUDGES[policy](self)
         self.subject = self._guarded(lambda: factory(**config), "factory")
@@ -327,7 +346,11 @@ class Conformance:
     def expect(self, ok: bool, oracle: str, message) -> None:
         if not ok:
             self.failed = True
-            raise failure_class(oracle)(oracle, message() if callable(message) else message, self.report())
+            failure = failure_class(oracle)(oracle, message() if callable(message) else message, self.report())
+            if self.found is not None and not self.found:
+                self.found.append({"oracle": oracle, "message": failure.message, **failure.report,
+                                   "examples": self.tally["examples"], "at": time.monotonic()})
+            raise failure
 
     def _guarded(self, thunk, what: str):
         """Run a subject call; anything but a pagedkv error is the `crash` oracle."""
@@ -432,8 +455,10 @@ class Conformance:
     def swap_out(self, seq: int) -> None:
         ok, copies, _ = self.run_step("swap_out", seq)
         if ok:
-            self.cpu_tables[seq] = [cpu for _, cpu in copies]
-            self.check_ids(seq, self.cpu_tables[seq], self.config["num_cpu_blocks"], "cpu")
+            table = [cpu for _, cpu in copies]
+            self.check_ids(seq, table, self.config["num_cpu_blocks"], "cpu")
+            self.check_swap_targets(seq, table, self.cpu, set().union(*self.cpu_tables.values()), "swap_out")
+            self.cpu_tables[seq] = table
             self.copy(self.gpu, self.cpu, copies)
             count_path(self.tally, SWAP)
 
@@ -442,6 +467,7 @@ class Conformance:
         if ok:
             del self.cpu_tables[seq]
             table = self.table(seq)
+            self.check_swap_targets(seq, table, self.gpu, self.live(before), "swap_in")
             self.copy(self.cpu, self.gpu, copies)
             self.judge.handed_out(table, self.live(before))
             tokens = self.tokens[seq]
@@ -467,11 +493,19 @@ class Conformance:
             if (i + 1) % self.B == 0:
                 self.judge.filled(table[i // self.B], tuple(tokens[:i + 1]))
 
-    def holds(self, block: int, content: tuple) -> bool:
-        """Ghost memory of `block` is the last full block of `content` (checked last slot first)."""
-        B, start = self.B, len(content) - self.B
-        return all(self.gpu.get(block * B + offset) == KV(content[:start + offset], content[start + offset])
+    def holds(self, block: int, content: tuple, memory: dict = None) -> bool:
+        """Ghost memory of `block` (GPU unless `memory` says) is the last full block of `content`
+        (checked last slot first)."""
+        B, start, memory = self.B, len(content) - self.B, self.gpu if memory is None else memory
+        return all(memory.get(block * B + offset) == KV(content[:start + offset], content[start + offset])
                    for offset in reversed(range(B)))
+
+    def shareable(self, seq: int, memory: dict, held: set) -> int:
+        """How many of `seq`'s full blocks some block of `held` (in `memory`) already holds: what a
+        swap with `swap_sharing` may map onto instead of a free block."""
+        tokens = self.tokens[seq]
+        contents = [tuple(tokens[:(j + 1) * self.B]) for j in range(len(tokens) // self.B)]
+        return sum(any(self.holds(block, content, memory) for block in held) for content in contents)
 
     def block_content(self, block: int) -> list:
         return [self.gpu.get(block * self.B + offset) for offset in range(self.B)]
@@ -502,6 +536,24 @@ class Conformance:
                     f"append to seq {seq} at position {position} "
                     f"({'shared, partly filled' if shared_partial_tail else 'unshared or full'} tail) "
                     f"returned copies {copies}, expected {want or 'none'} (table {old} -> {new})")
+
+    def check_swap_targets(self, seq: int, table: list, memory: dict, held: set, op: str) -> None:
+        """A swap copies into blocks no other sequence of the target pool holds; with `swap_sharing`
+        a full block may land on one that already holds exactly its content (before the copy).
+        Readback then checks every slot of both sequences."""
+        tokens, pool = self.tokens[seq], "CPU" if op == "swap_out" else "GPU"
+        for j, block in enumerate(table):
+            if block not in held:
+                continue
+            content = tuple(tokens[:(j + 1) * self.B])
+            full = (j + 1) * self.B <= len(tokens)
+            self.expect("swap_sharing" in self.capabilities and full and self.holds(block, content, memory),
+                        "swap_exact",
+                        lambda: f"{op}({seq}) maps block {j} onto {pool} block {block}, which another sequence holds"
+                                + (f", but it holds {[memory.get(block * self.B + o) for o in range(self.B)]}, "
+                                   f"not that {'full ' if full else 'partly filled '}block"
+                                   if "swap_sharing" in self.capabilities else
+                                   " (sharing on swap needs the swap_sharing declaration)"))
 
     def deduplicated(self, seq, old, new, position, copies, taken) -> bool:
         """`dedup_on_fill`: the append filled its block, the table names a block already holding that
@@ -658,6 +710,7 @@ class ConformanceMachine(RuleBasedStateMachine):
     policy = "spec"
     config_space = ()    # the declared config_space's items (immutable; see `check_config_space`)
     tally = None     # a run's Counter, bound by `machine_for`; unbound, each example counts its own
+    found = None     # a run's list for its first failure, bound by `machine_for`
     seqs = Bundle("seqs")
 
     def __init__(self) -> None:
@@ -673,7 +726,8 @@ class ConformanceMachine(RuleBasedStateMachine):
         self.suffixes = token_lists(max_size=B)
         self.fresh_id = FreshIds()
         self.tally["examples"] += 1
-        self.kv = Conformance(self.factory, config, self.tally, policy=self.policy, capabilities=self.capabilities)
+        self.kv = Conformance(self.factory, config, self.tally, policy=self.policy, capabilities=self.capabilities,
+                              found=self.found)
 
     def has(self, capability: str) -> bool:
         return capability in self.capabilities
@@ -756,6 +810,18 @@ class ConformanceMachine(RuleBasedStateMachine):
         """Free a running sequence: its cached blocks become evictable."""
         self.free(data.draw(st.sampled_from(self.kv.running()), label="seq"))
 
+    @precondition(lambda self: self.kv.config["prefix_caching"])
+    @rule(data=st.data())
+    def churn(self, data):
+        """A request of new tokens that takes some or all of the free blocks, then finishes: the pool
+        fills with released cached blocks, so what comes next evicts (and finds what it evicted)."""
+        free = self.kv.config["num_blocks"] - len(self.kv.live(self.kv.observe()))
+        size = data.draw(st.integers(1, max(1, free)), label="blocks") * self.kv.B
+        seq = self.fresh_id()
+        self.kv.add(seq, data.draw(token_lists(size, size), label="tokens"))
+        self.remember(seq)
+        self.kv.free(seq)
+
     @precondition(lambda self: self.has("swap"))
     @rule(seq=seqs)
     def swap_out(self, seq):
@@ -765,6 +831,18 @@ class ConformanceMachine(RuleBasedStateMachine):
     @rule(seq=seqs)
     def swap_in(self, seq):
         self.kv.swap_in(seq)
+
+    @precondition(lambda self: self.has("swap") and self.kv.running())
+    @rule(data=st.data())
+    def preempt(self, data):
+        """Swap out a running sequence (the bundle's ids are mostly finished or unknown)."""
+        self.kv.swap_out(data.draw(st.sampled_from(self.kv.running()), label="seq"))
+
+    @precondition(lambda self: self.has("swap") and self.kv.cpu_tables)
+    @rule(data=st.data())
+    def resume(self, data):
+        """Swap a swapped-out sequence back in: onto blocks freed, evicted or cached since."""
+        self.kv.swap_in(data.draw(st.sampled_from(sorted(self.kv.cpu_tables)), label="seq"))
 
     @rule(data=st.data())
     def unknown_id(self, data):
@@ -783,13 +861,14 @@ class ConformanceMachine(RuleBasedStateMachine):
 
 
 def machine_for(factory, capabilities=DEFAULT_CAPABILITIES, tally: Counter = None, name: str = "subject", *,
-                policy: str = "spec", config_space: dict = None) -> type:
-    """A `ConformanceMachine` bound to one subject factory (and, for one run, a tally), judged under
-    `policy`, drawing configurations from `config_space` (validated here). `name` keys the example
-    database."""
+                policy: str = "spec", config_space: dict = None, found: list = None) -> type:
+    """A `ConformanceMachine` bound to one subject factory (and, for one run, a tally and a `found`
+    list that gets the run's first failure as found, before shrinking), judged under `policy`, drawing
+    configurations from `config_space` (validated here). `name` keys the example database."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     space = check_config_space(config_space, frozenset(capabilities))
     attrs = {"factory": staticmethod(factory), "capabilities": frozenset(capabilities), "policy": policy,
-             "config_space": tuple(space.items()), "tally": tally if tally is not None else Counter()}
+             "config_space": tuple(space.items()), "tally": tally if tally is not None else Counter(),
+             "found": found}
     return type(f"Conformance[{name}]", (ConformanceMachine,), attrs)

@@ -16,6 +16,8 @@ ORACLES = {
     "completeness": "with complete_cache (policy any): a prompt block whose newest holder was not handed out "
                     "again since is served from the cache",
     "cow_exact": "append() returns one copy exactly when it writes into a shared, partly filled tail",
+    "swap_exact": "a swap copies into blocks no other sequence of that pool holds; with swap_sharing, a full "
+                  "block may land on one already holding exactly its content",
     "table_shape": "a running sequence of n tokens holds ceil(n / block_size) blocks",
     "kv_events": "with kv_events: the index replayed from the subject's events equals its own index after every "
                  "step; stores chain from announced parents, one prefix per key; removals name counted keys",

@@ -32,7 +32,7 @@ ZOO = {
     "UnconfirmedWeakHash": ("cache_hit", "oom_exact", "block_range", "readback"),  # one block hit twice, too
     "AllocationNotUndone": ("atomic_failure", "free_count"),       # the half-taken blocks stay taken
     "DoubleFreeAccepted": ("id_errors",),
-    "NewBlockLate": ("table_shape",),
+    "NewBlockLate": ("table_shape", "oom_exact"),  # the short table, or no refusal where the late block was due
     "NewBlockEarly": ("table_shape", "oom_exact"),
     "TailFreedTwice": ("free_count",),
     "BlockIdsFromOne": ("block_range",),
