@@ -128,15 +128,19 @@ class BlockPool:
 
     def problems(self) -> list:
         """Broken parts of the `conservation` invariant for the GPU pool."""
-        homes = np.zeros(self.num_blocks, dtype=np.int64)
-        np.add.at(homes, np.array(self.free_queue, dtype=np.int64), 1)
-        np.add.at(homes, np.fromiter(self.evictable, np.int64, len(self.evictable)), 1)
-        homes += self.ref_count > 0
-        problems = [f"gpu block {b} is in {homes[b]} of free/evictable/live"
-                    for b in np.flatnonzero(homes != 1).tolist()]
+        free = np.array(self.free_queue, dtype=np.int64)
+        ids = np.concatenate([free, np.fromiter(self.evictable, np.int64, len(self.evictable))])
+        inside = (ids >= 0) & (ids < self.num_blocks)
+        problems = [f"gpu block id {b} outside the pool is free or evictable" for b in np.unique(ids[~inside]).tolist()]
+        homes = np.bincount(ids[inside], minlength=self.num_blocks) + (self.ref_count > 0)
+        problems += [f"gpu block {b} is in {homes[b]} of free/evictable/live"
+                     for b in np.flatnonzero(homes != 1).tolist()]
         if self.cache is not None:
             problems += [f"evictable block {b} is not in the prefix index"
-                         for b in self.evictable if not self.cache.is_indexed(b)]
+                         for b in self.evictable if 0 <= b < self.num_blocks and not self.cache.is_indexed(b)]
+            # A free block is handed out and overwritten next: an index entry would serve its old prefix.
+            free = free[(free >= 0) & (free < self.num_blocks)]
+            problems += [f"free block {b} is in the prefix index" for b in free[self.cache.indexed(free)].tolist()]
         stamps = list(self.evictable.values())
         if stamps != sorted(stamps):
             problems.append("the evictable LRU is out of release order")

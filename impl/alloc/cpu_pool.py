@@ -27,6 +27,10 @@ class CpuPool:
         self.free_queue.extend(blocks)
 
     def problems(self, held: list) -> list:
-        """Broken parts of `conservation` for the CPU pool: each block free or held, exactly once."""
-        homes = np.bincount(np.array(list(self.free_queue) + held, dtype=np.int64), minlength=self.num_blocks)
-        return [f"cpu block {b} is in {homes[b]} of free/held" for b in np.flatnonzero(homes != 1).tolist()]
+        """Broken parts of `conservation` for the CPU pool: each block free or held, exactly once,
+        and no id outside the pool free or held."""
+        ids = np.array(list(self.free_queue) + list(held), dtype=np.int64)
+        inside = (ids >= 0) & (ids < self.num_blocks)
+        homes = np.bincount(ids[inside], minlength=self.num_blocks)
+        return [f"cpu block {b} is in {homes[b]} of free/held" for b in np.flatnonzero(homes != 1).tolist()] + \
+            [f"cpu block id {b} outside the pool is free or held" for b in np.unique(ids[~inside]).tolist()]

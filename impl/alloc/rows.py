@@ -300,7 +300,8 @@ class RowTables:
 
     def problems(self) -> list:
         """Broken parts of `table_shape` in the storage: live segments disjoint and below `used`,
-        each table inside its own segment, slots past a table -1, the arena past `used` -1."""
+        each table inside its own segment, slots past a table -1, the arena past `used` -1, every
+        row either free (listed once) or live."""
         live = [row for row, record in enumerate(self.seq) if record is not None]
         problems, owned = [], np.zeros(self.used, dtype=np.int64)
         for row in live:
@@ -316,4 +317,9 @@ class RowTables:
             problems.append(f"{self.live} live arena slots counted, the live rows' segments hold another number")
         if (self.arena[self.used:] != -1).any():
             problems.append("the arena past its used end holds blocks")
+        # A row both free and live is handed to the next sequence while its own still uses it.
+        free = self.free_rows
+        problems += [f"row {row} is free and live" for row in sorted(set(free) & set(live))]
+        if len(set(free)) != len(free) or len(set(free) | set(live)) != len(self):
+            problems.append("the free rows and the live rows do not partition the rows")
         return problems
