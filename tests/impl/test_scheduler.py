@@ -199,3 +199,33 @@ def test_sequence_that_outgrows_the_whole_pool_is_aborted_not_livelocked():
             break
     assert aborted == [seq] and not scheduler.has_unfinished()
     assert bm.num_free_blocks() == 2
+
+
+def test_admission_heads_name_each_queue_head_and_whether_it_waits_for_blocks():
+    # After fill_up's second step, 0 runs with 3 tokens (2 of the 3 blocks), 1 block is free, and
+    # the victims 1 and 2 (2 tokens each) wait in the queue their preemption mode chose.
+    bm, scheduler = fill_up(RECOMPUTE_CHEAP)
+    run_step(scheduler)
+    # A recompute victim re-prefills its 2 tokens plus its pending one: 2 blocks, 1 is free.
+    assert scheduler.admission_heads() == [(1, 2)] and scheduler.waits_for_blocks()
+    bm, scheduler = fill_up(SWAP_CHEAP, num_cpu_blocks=8)
+    run_step(scheduler)
+    # A swapped victim comes back on its 1 CPU block's worth plus a block for its pending token.
+    assert scheduler.admission_heads() == [(1, 2)] and scheduler.waits_for_blocks()
+    # New requests: 2 samples of a 5-token prompt need 3 blocks of 2 (the fork shares them); 2 are
+    # free beside the admitted 4-token request.
+    scheduler = Scheduler(BlockManager(4, 2), SchedulerConfig(watermark=0.0))
+    scheduler.add_request("fits", [1, 2, 3, 4], 5)
+    scheduler.add_request("big", [1, 2, 3, 4, 5], 5, n=2)
+    run_step(scheduler)
+    assert scheduler.admission_heads() == [(2, 3)] and scheduler.waits_for_blocks()
+    # With no sequence slot left the head waits for a slot, not for blocks.
+    scheduler = Scheduler(BlockManager(4, 2), SchedulerConfig(watermark=0.0, max_num_seqs=2))
+    scheduler.add_request("fits", [1, 2, 3, 4], 5)
+    scheduler.add_request("big", [1, 2, 3, 4, 5], 5, n=2)
+    run_step(scheduler)
+    assert scheduler.admission_heads() == [(2, 3)] and not scheduler.waits_for_blocks()
+    # Once the running request is gone, the head fits: nothing waits.
+    scheduler = Scheduler(BlockManager(4, 2), SchedulerConfig(watermark=0.0))
+    scheduler.add_request("big", [1, 2, 3, 4, 5], 5, n=2)
+    assert scheduler.admission_heads() == [(2, 3)] and not scheduler.waits_for_blocks()
