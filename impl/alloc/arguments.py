@@ -80,10 +80,10 @@ def _small_plain_ints(tokens):
     if len(dump) != 5 + MARSHAL_INT.itemsize * len(tokens):
         return None
     items = np.frombuffer(dump, MARSHAL_INT, offset=5)
-    if not (items["tag"] == MARSHAL_INT_TAG).all():
+    if np.count_nonzero(items["tag"] != MARSHAL_INT_TAG):
         return None
     array = items["value"].astype(np.int64)
-    return array if len(array) == 0 or array.min() >= 0 else None
+    return None if np.count_nonzero(array < 0) else array
 
 
 def check_token_batch(tokens) -> np.ndarray:
@@ -95,11 +95,11 @@ def check_token_batch(tokens) -> np.ndarray:
     if isinstance(tokens, np.ndarray):
         if not (tokens.ndim == 1 and (_is_integer_array(tokens) or tokens.size == 0)):
             raise InvalidArgument(f"a token batch is a 1-d integer array, got {tokens.dtype}{list(tokens.shape)}")
-        if tokens.dtype == np.uint64:
-            require(not (tokens > MAX_TOKEN).any(), "tokens are ints in 0..2**63-1")
-        array = tokens.astype(np.int64)
-        require(not (array < 0).any(), "tokens are ints in 0..2**63-1")
-        return array
+        if len(tokens):   # unsigned ids are never negative; only a uint64 may pass int64's top
+            negative = tokens.dtype.kind == "i" and tokens.min() < 0
+            if negative or (tokens.dtype == np.uint64 and tokens.max() > MAX_TOKEN):
+                raise InvalidArgument("tokens are ints in 0..2**63-1")
+        return tokens.astype(np.int64)
     require(isinstance(tokens, (list, tuple)), f"tokens must be a list, got {type(tokens).__name__}")
     array = _small_plain_ints(tokens)
     if array is not None:
@@ -110,7 +110,7 @@ def check_token_batch(tokens) -> np.ndarray:
         array = np.array(tokens, dtype=np.int64)
     except OverflowError:
         raise InvalidArgument("tokens are ints in 0..2**63-1") from None
-    require(not (array < 0).any(), "tokens are ints in 0..2**63-1")
+    require(not np.count_nonzero(array < 0), "tokens are ints in 0..2**63-1")
     return array
 
 

@@ -94,6 +94,8 @@ class BlockManager:
         self.prefix_caching = prefix_caching
         self.journal = Journal()
         self.block_tokens = np.zeros((num_blocks, block_size), dtype=np.int64)
+        # The same memory, one item of B int64 per block: numpy copies whole items fastest.
+        self._block_items = self.block_tokens.view(np.dtype((np.void, 8 * block_size))).reshape(num_blocks)
         self.cache = PrefixCache(self.journal, self.block_tokens) if prefix_caching else None
         self.pool = BlockPool(num_blocks, self.journal, self.cache)
         self.cpu_pool = CpuPool(num_cpu_blocks, block_size, self.journal)
@@ -209,7 +211,7 @@ class BlockManager:
         cpu_table = seq.cpu_block_table
         self._require_free(len(cpu_table))
         table = self.pool.take(len(cpu_table)).tolist()
-        journal.assign(self.block_tokens, table, self.cpu_pool.block_tokens[cpu_table])
+        self._write_blocks(table, self.cpu_pool.block_tokens[cpu_table])
         self.cpu_pool.release(cpu_table)
         journal.set(seq, "cpu_block_table", [])
         self.rows.set_table(row, table)
@@ -269,8 +271,7 @@ class BlockManager:
         """New blocks appending one token to each of these running sequences would take."""
         rows = self._rows(seq_ids)
         self._require_running(rows)
-        needs_tail, cow, _ = self._plan_append(rows)
-        return int(np.count_nonzero(needs_tail | cow))
+        return len(self._plan_append(rows)[2])
 
     @atomic   # a query, but it may compact the table arena to read windows off its end
     def block_tables(self, seq_ids) -> torch.Tensor:
@@ -463,7 +464,7 @@ class BlockManager:
         self.rows.last_gather = None
 
     def _require_running(self, rows: np.ndarray) -> None:
-        not_running = np.flatnonzero(self.rows.row_status[rows] != RUNNING_CODE)
+        not_running = (self.rows.row_status[rows] != RUNNING_CODE).nonzero()[0]
         if len(not_running):
             row = rows[not_running[0]]
             raise InvalidState(f"a sequence in the batch is {STATUSES[self.rows.row_status[row]]}, not running")
@@ -515,7 +516,7 @@ class BlockManager:
         cached = len(hits) * B
         written = np.zeros(needed * B, dtype=np.int64)
         written[:len(tokens) - cached] = tokens[cached:]
-        journal.assign(self.block_tokens, fresh, written.reshape(needed, B))
+        self._write_blocks(fresh, written.reshape(needed, B))
         table = np.concatenate([np.asarray(hits, dtype=np.int64), fresh]) if hits else fresh
         self.rows.set_table(row, table)   # a row `add` or `resume` saved
         self.rows.seq_len[row] = len(tokens)
@@ -524,6 +525,12 @@ class BlockManager:
         self._count("prompt_tokens", len(tokens))
         self._count("cached_tokens", cached)
         self._fill_cache(table, len(hits), len(tokens) // B)
+
+    def _write_blocks(self, blocks, contents: np.ndarray) -> None:
+        """`block_tokens[blocks] = contents` (C-ordered int64 [len(blocks), B]), recorded."""
+        items = self._block_items
+        self.journal.undo.append((items.__setitem__, (blocks, items.take(blocks))))
+        items[blocks] = contents.view(items.dtype).reshape(len(blocks))
 
     def _fill_cache(self, table: list, first: int, stop: int) -> None:
         """Record blocks first..stop-1 of a table, all just filled, in the prefix cache in order."""
@@ -536,40 +543,44 @@ class BlockManager:
 
     def _plan_append(self, rows: np.ndarray):
         """For appending one token to each row in this order: who needs a fresh tail (tail full)
-        and who copies a shared partial tail first. Sharers copy in order; when every holder of a
-        tail is in the batch, the last one writes in place."""
-        offsets = self.rows.seq_len[rows] % self.block_size
+        and who copies a shared partial tail first (both False for most rows: `needy` lists the
+        others). Sharers copy in order; when every holder of a tail is in the batch, the last one
+        writes in place. Also each row's length, tail block and the tail's offset to write at."""
+        lens = self.rows.seq_len[rows]
+        offsets = lens % self.block_size
         tails = self.rows.tails(rows)
         needs_tail = offsets == 0
         cow = ~needs_tail & (self.pool.ref_count[tails] > 1)
-        pending_refs = {}
-        for i in np.flatnonzero(cow).tolist():
-            tail = tails[i]
-            refs = pending_refs.get(tail, self.pool.ref_count[tail])
-            cow[i] = refs > 1
-            pending_refs[tail] = refs - 1
-        return needs_tail, cow, tails
+        if np.count_nonzero(cow):
+            pending_refs = {}
+            for i in cow.nonzero()[0].tolist():
+                tail = tails[i]
+                refs = pending_refs.get(tail, self.pool.ref_count[tail])
+                cow[i] = refs > 1
+                pending_refs[tail] = refs - 1
+        needy = (needs_tail | cow).nonzero()[0]
+        return needs_tail, cow, needy, lens, offsets, tails
 
     def _append_rows(self, rows: np.ndarray, tokens: np.ndarray) -> list:
-        needs_tail, cow, tails = self._plan_append(rows)
-        needy = np.flatnonzero(needs_tail | cow)
+        needs_tail, cow, needy, lens, offsets, tails = self._plan_append(rows)
         self._require_free(len(needy))
         if self.cache is not None and len(needy) > self.pool.queued and len(rows) > 1:
             # An eviction unindexes a block; an earlier sequence's filled block must be indexed
             # before that, as appending one at a time would. Rare: keep that order literally.
             return [copy for i in range(len(rows)) for copy in self._append_rows(rows[i:i + 1], tokens[i:i + 1])]
-        journal, table_rows, B = self.journal, self.rows, self.block_size
-        new_blocks = np.asarray(self.pool.take(len(needy)), dtype=np.int64)
-        is_tail = needs_tail[needy]
-        table_rows.push(rows[needy[is_tail]], new_blocks[is_tail])
-        copies = self._copy_on_write(rows[needy[~is_tail]], tails[needy[~is_tail]], new_blocks[~is_tail])
-        lens = table_rows.seq_len[rows]
-        offsets = lens % B
-        journal.assign(self.block_tokens, (table_rows.tails(rows), offsets), tokens)
-        journal.assign(table_rows.seq_len, rows, lens + 1, old=lens)
-        filled = np.flatnonzero(offsets == B - 1)
-        if self.cache is not None and len(filled):
-            self._index_filled_tails(rows[filled])
+        copies = []
+        if len(needy):
+            new_blocks = self.pool.take(len(needy))
+            is_tail = needs_tail[needy]
+            self.rows.push(rows[needy[is_tail]], new_blocks[is_tail])
+            copies = self._copy_on_write(rows[needy[~is_tail]], tails[needy[~is_tail]], new_blocks[~is_tail])
+            tails[needy] = new_blocks   # a fresh tail or the copy: either way the block written now
+        self.journal.assign(self.block_tokens, (tails, offsets), tokens)
+        self.journal.assign(self.rows.seq_len, rows, lens + 1, old=lens)
+        if self.cache is not None:
+            filled = (offsets == self.block_size - 1).nonzero()[0]
+            if len(filled):
+                self._index_filled_tails(rows[filled])
         return copies
 
     def _index_filled_tails(self, rows: np.ndarray) -> None:
@@ -585,7 +596,7 @@ class BlockManager:
             return []
         self.rows.set_tails(rows, dst)
         self.pool.unshare(src)
-        self.journal.assign(self.block_tokens, dst, self.block_tokens[src])
+        self._write_blocks(dst, self.block_tokens[src])
         copies = list(zip(src.tolist(), dst.tolist()))
         self.copies.add("cow", copies)
         self._count("copies", len(copies))

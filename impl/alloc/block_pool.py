@@ -96,10 +96,10 @@ class BlockPool:
         """Drop one reference to each block of a table, tail first, so a prefix's head is evicted
         last. A block nobody holds becomes evictable if indexed, else free (its content wiped)."""
         journal = self.journal
-        table = np.asarray(table, dtype=np.int64)
-        tail_first = table[::-1]
+        tail_first = np.asarray(table, dtype=np.int64)[::-1]
         old = self.ref_count[tail_first]
-        dead = tail_first[old == 1]
+        left = old - 1
+        dead = tail_first[left == 0]
         if self.cache is None:
             free = dead
         else:
@@ -113,7 +113,7 @@ class BlockPool:
             journal.set(self, "releases", self.releases + len(indexed))
         slots = self._ring_slots((self.head + self.queued) % self.num_blocks, len(free))
         journal.undo.append((self._unrelease_refs, (tail_first, old, slots, self.ring[slots].copy(), self.queued)))
-        self.ref_count[tail_first] = old - 1
+        self.ref_count[tail_first] = left
         self.ring[slots] = free
         self.queued += len(free)
 

@@ -21,6 +21,8 @@ Every change goes through the manager's journal (`journal.py`), so a failed oper
 The tensor kernels read is gathered per call on the host and moved to the device.
 """
 
+from operator import attrgetter
+
 import numpy as np
 import torch
 from numpy.lib.stride_tricks import as_strided
@@ -32,6 +34,7 @@ STATUSES = (RUNNING, WAITING, SWAPPED)                             # row_status 
 MIN_CAPACITY = 4                                                   # smallest segment, in blocks
 ROW_ARRAYS = {"seq_len": (np.int64, 0), "num_held": (np.int64, 0), "admitted": (np.int64, 0),
               "row_status": (np.int8, UNUSED_CODE), "start": (np.int64, 0), "capacity": (np.int64, 0)}
+_row_arrays = attrgetter(*ROW_ARRAYS)                              # RowTables -> its per-row arrays
 
 
 def capacity_for(blocks: int) -> int:
@@ -93,13 +96,13 @@ class RowTables:
         (Arena slots and arrays replaced whole are recorded where they are written.) Every
         operation saves each row it changes this way, once, before changing it; `take` saves the
         row it hands out."""
-        fields = [getattr(self, name)[row] for name in ROW_ARRAYS]
+        fields = [array[row] for array in _row_arrays(self)]
         self.journal.undo.append((self._restore_row, (row, fields, self.seq[row], len(self.free_rows),
                                                       self.used, self.live)))
 
     def _restore_row(self, row: int, fields: list, record, free_rows: int, used: int, live: int) -> None:
-        for name, value in zip(ROW_ARRAYS, fields):
-            getattr(self, name)[row] = value
+        for array, value in zip(_row_arrays(self), fields):
+            array[row] = value
         self.seq[row] = record
         if len(self.free_rows) < free_rows:   # it was taken off the list
             self.free_rows.append(row)
@@ -155,7 +158,7 @@ class RowTables:
         journal = self.journal
         held = self.num_held[rows]
         full = held >= self.capacity[rows]
-        if full.any():
+        if np.count_nonzero(full):
             self._move(rows[full], held[full])
         journal.assign(self.arena, self.start[rows] + held, blocks)
         journal.assign(self.num_held, rows, held + 1, old=held)
@@ -167,17 +170,18 @@ class RowTables:
         Each row reads `width` slots from its segment's start through a sliding-window view of
         the arena (one fancy index, like the rows of a 2-D table). Slots past a table inside its
         segment are -1 already; a row whose segment is narrower than `width` read past it, so
-        those columns are reset, one capacity (a power of two below `width`) at a time."""
+        those columns are reset, one capacity (a power of two below `width`, from the smallest
+        present) at a time."""
         if len(rows) == 0 or width == 0:
             return np.full((len(rows), width), -1, dtype=np.int32)
         self._ensure_tail_room(width)
         windows = self._windows(width)
         caps = self.capacity[rows]
         out = windows[self.start[rows]]
-        capacity = 0
+        capacity = int(caps.min())
         while capacity < width:
             narrow = caps == capacity
-            if narrow.any():
+            if np.count_nonzero(narrow):
                 out[narrow, capacity:] = -1
             capacity = MIN_CAPACITY if capacity == 0 else 2 * capacity
         return out
@@ -191,13 +195,17 @@ class RowTables:
         return torch.from_numpy(self._gather_again(rows, width)).to(self.device)
 
     def _gather_again(self, rows: np.ndarray, width: int) -> np.ndarray:
-        """`gather`, reusing the last call's tables when it asked for the same rows and width:
-        only rows stamped since are gathered again, then the whole is copied once."""
+        """`gather`, reusing the last call's tables when it asked for the same rows: only rows
+        stamped since are gathered again, then the whole is copied once. A width that changed
+        keeps the other rows too: they hold at most both widths' blocks, -1 after them."""
         last = self.last_gather
-        if last is not None and last[1] == width and (last[0] is rows or (
-                len(last[0]) == len(rows) and bool((last[0] == rows).all()))):
+        if last is not None and (last[0] is rows or (
+                len(last[0]) == len(rows) and not np.count_nonzero(last[0] != rows))):
             tables = last[2]
-            changed = np.flatnonzero(self.changed_at[rows] > last[3])
+            if width != last[1]:
+                tables = np.concatenate([tables, np.full((len(rows), width - last[1]), -1, dtype=np.int32)], axis=1) \
+                    if width > last[1] else tables[:, :width]
+            changed = (self.changed_at[rows] > last[3]).nonzero()[0]
             if len(changed):
                 tables[changed] = self.gather(rows[changed], width)
         else:
