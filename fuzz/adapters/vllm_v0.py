@@ -26,8 +26,13 @@ the hit blocks before its free-block check, so a refused allocation leaks them (
 Known bugs of the v0 releases: a block taken from the evictor stays in `_cached_blocks` (0.4.2, #4764);
 a block re-allocated from the evictor is created `computed=True`, its stale KV reported as a prefix
 hit (0.4.2 .. 0.5.0.post1, fixed by #5364); `get_num_blocks_touched` counts a cached block in the
-evictor as free, so `can_swap_in` admits and the swap raises (0.5.0.post1 and 0.5.4, #6849). Each has a
-directed program in tests/fuzz/adapters/test_vllm_releases.py.
+evictor as free, so `can_swap_in` / `can_swap_out` admit and the swap raises NoFreeBlocksError
+(0.5.0.post1 and 0.5.4, fixed by #6849). Never fixed in v0, from 0.5.1 on: `free()` of a swapped-out
+sequence (the scheduler's abort of a swapped request) applies the scheduler's last-access stamp to its
+CPU block ids through the GPU allocator (KeyError, prefix caching on), and returns its block objects,
+which came from the GPU allocator's `BlockPool`, into the CPU allocator's smaller pool, so a later swap
+draws a pool slot that does not exist (IndexError). Each has a directed program in
+tests/fuzz/adapters/test_vllm_releases.py.
 """
 
 import copy
@@ -208,19 +213,24 @@ class BlockManagerV2Subject:
     - fork: `Sequence.fork(child_id)`, `fork(parent, child)`;
     - swap_out / swap_in (0.5.0.post1 on): `can_swap_out` / `can_swap_in(group, 0)`, `swap_out` /
       `swap_in(group)`, the mapping returned in table order; free: `free(seq)`.
+    After allocate, append_slots and swap_in the sequence's blocks get the scheduler's access stamp
+    (`access_all_blocks_in_seq`, a step count for the time), as `Scheduler.schedule` does for every
+    running sequence it schedules; `access_stamps=False` leaves them out (see `unstamped`).
     Declared `conservative_admission`: `can_allocate` counts every prompt block, cache hits ignored,
     and `can_append_slots` assumes every touched block needs a new one (vLLM's "worst-case heuristic");
     `dedup_on_fill`: a copied-on-write tail that fills to a cached block's content is replaced by that
     block (`PrefixCachingBlockAllocator.promote_to_immutable_block`), `append` returning the copy it
-    asked for.
+    asked for; `swap_sharing` (with swap): the CPU allocator caches by content too, so a swap-out maps
+    a full block onto the CPU block of another swapped sequence holding that content, and a swap-in
+    maps one onto the GPU block a running sequence holds it in.
     """
 
     config_space = {"block_sizes": tuple(range(1, 17)), "prefix_caching": (True, False)}
 
     def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = False,
-                 num_cpu_blocks: int = 0, version: str = "0.5.5"):
+                 num_cpu_blocks: int = 0, version: str = "0.5.5", access_stamps: bool = True):
         engine = self._engine = _engine(version, V0_MODULES)
-        self.version, self.B = version, block_size
+        self.version, self.B, self.access_stamps = version, block_size, access_stamps
         self._sequence, self._interfaces = engine["vllm.sequence"], engine["vllm.core.interfaces"]
         self._params = engine["vllm.sampling_params"].SamplingParams
         with engine.active():
@@ -228,6 +238,7 @@ class BlockManagerV2Subject:
                 block_size=block_size, num_gpu_blocks=num_blocks, num_cpu_blocks=num_cpu_blocks,
                 watermark=0.0, sliding_window=None, enable_caching=prefix_caching)
         self.groups = {}  # seq id -> its SequenceGroup of one Sequence
+        self.steps = 0    # the scheduler's clock: a step number stands in for time.time()
 
     @property
     def capabilities(self):
@@ -252,6 +263,14 @@ class BlockManagerV2Subject:
         group = self.groups[seq_id]
         return group, group.seqs_dict[seq_id]
 
+    def _scheduled(self, seq) -> None:
+        """What the scheduler does for every running sequence of the step it schedules
+        (`Scheduler.schedule`): stamp its blocks' last access (LRU eviction order; from 0.5.1 on the
+        stamp is applied to the block ids when the sequence is freed)."""
+        self.steps += 1
+        if self.access_stamps:
+            self.manager.access_all_blocks_in_seq(seq, float(self.steps))
+
     def _computed(self, seq) -> None:
         if hasattr(seq.data, "update_num_computed_tokens"):
             seq.data.update_num_computed_tokens(seq.get_len() - seq.data.get_num_computed_tokens())
@@ -267,6 +286,7 @@ class BlockManagerV2Subject:
             raise OutOfBlocks(needed=-1, available=self.num_free_blocks())
         self.manager.allocate(group)
         seq.status = self._sequence.SequenceStatus.RUNNING
+        self._scheduled(seq)
         cached = len(self.manager.get_common_computed_block_ids([seq])) * self.B
         self.manager.mark_blocks_as_computed(group)
         self._computed(seq)
@@ -284,6 +304,7 @@ class BlockManagerV2Subject:
             self.groups[seq_id] = self._new_group(before)
             raise OutOfBlocks(needed=1, available=self.num_free_blocks())
         copies = self.manager.append_slots(seq, 0)
+        self._scheduled(seq)
         self.manager.mark_blocks_as_computed(group)
         self._computed(seq)
         if isinstance(copies, dict):  # 0.4.2: {source: [destinations]}
@@ -334,24 +355,36 @@ class BlockManagerV2Subject:
                      for block in self.manager.get_block_table(seq)]
         mapping = dict(self.manager.swap_in(group))
         seq.status = self._sequence.SequenceStatus.RUNNING
+        self._scheduled(seq)
         return [(cpu, mapping[cpu]) for cpu in cpu_table]
 
 
 def _v0_capabilities(version: str) -> frozenset:
     swap = V0_RELEASES.index(version) >= V0_RELEASES.index(SWAP_FROM)
     return frozenset({"fork", "prefix_caching", "conservative_admission", "dedup_on_fill"}
-                     | ({"swap"} if swap else set()))
+                     | ({"swap", "swap_sharing"} if swap else set()))
 
 
-def _block_manager_v2(version: str):
+def _block_manager_v2(version: str, access_stamps: bool = True):
     _engine(version, V0_MODULES)
 
     def make(**config):
-        return BlockManagerV2Subject(**config, version=version)
+        return BlockManagerV2Subject(**config, version=version, access_stamps=access_stamps)
     make.capabilities = _v0_capabilities(version)
     make.config_space = BlockManagerV2Subject.config_space
-    make.__name__ = make.__qualname__ = f"vllm_{version.replace('.', '_')}"
+    make.__name__ = make.__qualname__ = f"vllm_{version.replace('.', '_')}{'' if access_stamps else '_unstamped'}"
     return make
+
+
+def unstamped(version: str):
+    """The factory of v0 release `version` driven without the scheduler's access stamps
+    (`access_all_blocks_in_seq`): LRU eviction then orders by allocation, a free choice under
+    policy `any`, and 0.5.1+'s `free()` of a swapped-out sequence never reaches its KeyError (a
+    stamped sequence's CPU block ids looked up in the GPU allocator's tracker), which otherwise ends
+    most examples with prefix caching on: the regression suite's dev-profile run of 0.5.5 sees past it."""
+    if version not in V0_RELEASES:
+        raise ValueError(f"no v0 adapter for vllm {version}; v0 releases: {', '.join(V0_RELEASES)}")
+    return _block_manager_v2(version, access_stamps=False)
 
 
 def _historical_v1(version: str):

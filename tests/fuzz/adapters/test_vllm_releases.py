@@ -1,22 +1,25 @@
 """Real bugs as the kit's test (issue 19): historical vLLM releases, their block managers run unchanged
 from their wheels (installed into pagedkv's wheel cache on first use; nothing is skipped when that
-fails), each buggy release caught by the ci profile under `--policy any`, each fixed one passing it."""
+fails), each buggy release caught by the ci profile under `--policy any`, each fixed one passing a
+dev-profile run (the `slow` tests at the end; .ci/run runs them as their own step)."""
 
+import io
+import re
 import time
 
 import pytest
 from hypothesis import Phase
 
 from pagedkv.fuzz.adapters import vllm_v0
-from pagedkv.fuzz.campaign import check
+from pagedkv.fuzz.campaign import Result, check, report
 from pagedkv.fuzz.harness import replay
 from pagedkv.fuzz.oracles import OracleFailure
-from pagedkv.fuzz.subjects import resolve
-from pagedkv.spec import OutOfBlocks
+from pagedkv.fuzz.subjects import Subject, resolve
+from pagedkv.spec import KVSpec, OutOfBlocks
 
 NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
-#: The releases these tests run (their wheels: about 1 GB on a fresh machine, once).
-USED = ("0.6.4.post1", "0.6.6.post1", "0.4.2", "0.4.3", "0.5.0.post1", "0.5.4", "0.5.5")
+#: The releases these tests run (their wheels: about 1.35 GB on a fresh machine, once).
+USED = ("0.33.0", "0.6.4.post1", "0.6.6.post1", "0.7.0", "0.4.2", "0.4.3", "0.5.0.post1", "0.5.4", "0.5.5")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -26,21 +29,30 @@ def releases_loaded():
     for version in USED:
         vllm_v0.release(version)
 
-#: buggy release -> (the bug, the oracles that are its symptoms).
+
+#: buggy release -> (its bugs, {oracle: what its message must say (a regex), for each symptom}).
 BUGGY = {
     # a full-prompt hit recomputes only the last token: the re-allocated block's other slots are never
     # written, and the hit is not whole blocks (fixed by vLLM #11186)
-    "0.6.4.post1": ("full hit recomputes one token", ("cache_hit", "readback")),
+    "0.6.4.post1": ("full hit recomputes one token", {"cache_hit": "", "readback": ""}),
     # allocate_slots touches the hit blocks before its free-block check: a refused request leaks them
     # (vLLM #11562, fixed by #11565)
-    "0.6.6.post1": ("refused allocation leaks its hit blocks", ("free_count", "atomic_failure", "oom_exact")),
-    # v0 BMv2: a block taken from the evictor stays in the cached-block map (vLLM #4764), and a block
-    # re-allocated from the evictor is created computed=True (#5364): stale KV served as a hit
-    "0.4.2": ("stale cached block served", ("cache_hit", "readback", "crash")),
-    "0.4.3": ("stale computed block served", ("cache_hit", "readback")),
+    "0.6.6.post1": ("refused allocation leaks its hit blocks",
+                    {"free_count": "", "atomic_failure": "", "oom_exact": ""}),
+    # v0 BMv2: a block taken from the evictor stays in the cached-block map (vLLM #4764; 0.4.2's own
+    # assertion in allocate_mutable trips on it), and one re-allocated from the evictor is created
+    # computed=True (#5364): stale KV served as a hit
+    "0.4.2": ("stale cached block served (#4764, #5364)",
+              {"cache_hit": "", "readback": "", "crash": "AssertionError"}),
+    "0.4.3": ("stale computed block served (#5364)", {"cache_hit": "", "readback": ""}),
+    # #5364 as in 0.4.3, and #6849: get_num_blocks_touched counts an evictor-cached block as free and
+    # as needing no block, so a swap it admitted raises NoFreeBlocksError (either pool)
+    "0.5.0.post1": ("#5364, #6849", {"cache_hit": "", "readback": "", "crash": "NoFreeBlocksError"}),
+    # #6849, and (0.5.1 .. 0.9.2, never fixed in v0) free() of a swapped-out sequence whose blocks
+    # the scheduler stamped looks its CPU block ids up in the GPU allocator's tracker: KeyError
+    "0.5.4": ("#6849; abort of a swapped-out request", {"crash": "NoFreeBlocksError|free raised KeyError|IndexError"}),
+    "0.5.5": ("abort of a swapped-out request (unfixed)", {"crash": "free raised KeyError|IndexError"}),
 }
-#: Fixed v1 releases run here; 0.7.0 (264 MB) passes too (docs/conformance.md) but is left out of CI's
-#: downloads: 0.33.0, the current release, passes in tests/fuzz/adapters/test_vllm_v1.py.
 
 
 def test_unknown_release_is_a_clear_error():
@@ -83,6 +95,7 @@ def test_ci_profile_catches_the_release_bug(version):
     tally, failure = check(resolve(f"vllm@{version}"), "ci", "any", phases=NO_SHRINK)
     assert failure is not None, f"vllm {version} ({bug}) escaped {tally['examples']} examples"
     assert failure["oracle"] in symptoms, f"vllm {version}: {failure['oracle']} fired: {failure['message']}"
+    assert re.search(symptoms[failure["oracle"]], failure["message"]), failure["message"]
     print(f"vllm {version}: {failure['oracle']} after {tally['examples']} examples, "
           f"{time.monotonic() - started:.1f} s")
 
@@ -96,9 +109,9 @@ def bmv2(version, num_blocks, block_size, num_cpu_blocks=0, prefix_caching=True)
 
 
 def test_block_manager_v2_declarations():
-    assert vllm_v0.release("0.5.0.post1").capabilities == {"fork", "prefix_caching", "swap",
+    assert vllm_v0.release("0.5.0.post1").capabilities == {"fork", "prefix_caching", "swap", "swap_sharing",
                                                            "conservative_admission", "dedup_on_fill"}
-    assert "swap" not in vllm_v0.release("0.4.3").capabilities
+    assert not {"swap", "swap_sharing"} & vllm_v0.release("0.4.3").capabilities
     assert type(bmv2("0.5.4", 2, 2).manager).__name__ == "BlockSpaceManagerV2"
 
 
@@ -187,7 +200,7 @@ SWAP_IN_OVERCOUNT = ({"num_blocks": 3, "block_size": 2, "prefix_caching": True, 
 
 @pytest.mark.parametrize("version, buggy", [("0.5.4", True), ("0.5.5", False)])
 def test_swap_in_admitted_on_a_double_counted_block_until_fixed(version, buggy):
-    make = vllm_v0.release(version)
+    make = vllm_v0.unstamped(version)   # 0.5.5 refuses the swap-in: seq 1 is freed swapped out (KeyError)
     config, program = SWAP_IN_OVERCOUNT
     if buggy:
         with pytest.raises(OracleFailure, match=r"\[crash\] swap_in raised NoFreeBlocksError"):
@@ -220,3 +233,190 @@ def test_dedup_on_fill_is_accepted_when_declared_and_only_then():
     replay(make, config, program, policy="any", capabilities=make.capabilities)
     with pytest.raises(OracleFailure, match=r"\[cow_exact\]"):
         replay(make, config, program, policy="any", capabilities=make.capabilities - {"dedup_on_fill"})
+
+
+# ---------------------------------------------------------------------- v0: swap sharing (declared)
+
+#: BMv2's swap-out maps a full block whose content a CPU block of another swapped sequence already
+#: holds onto that block (prefix caching on the CPU pool too): two swaps, one CPU block.
+CPU_SHARED = ({"num_blocks": 2, "block_size": 1, "prefix_caching": True, "num_cpu_blocks": 1},
+              [["add", [1, [0]]], ["add", [2, [0]]], ["swap_out", [2]], ["swap_out", [1]]])
+#: ... and its swap-in lands a full block on the GPU block a running sequence holds it in: no free block
+#: for seq 1's two, yet it fits.
+GPU_SHARED = ({"num_blocks": 2, "block_size": 1, "prefix_caching": True, "num_cpu_blocks": 2},
+              [["add", [1, [0, 0]]], ["swap_out", [1]], ["add", [2, [0, 0]]], ["swap_in", [1]]])
+
+
+@pytest.mark.parametrize("version", ["0.5.0.post1", "0.5.4", "0.5.5"])
+@pytest.mark.parametrize("config, program", [CPU_SHARED, GPU_SHARED], ids=["cpu", "gpu"])
+def test_swap_sharing_is_accepted_when_declared_and_only_then(version, config, program):
+    make = vllm_v0.unstamped(version)   # the closing free of a swapped-out sequence: its KeyError (below)
+    replay(make, config, program, policy="any", capabilities=make.capabilities)
+    with pytest.raises(OracleFailure, match=r"\[oom_exact\] missing OutOfBlocks"):
+        replay(make, config, program, policy="any", capabilities=make.capabilities - {"swap_sharing"})
+
+
+@pytest.mark.parametrize("config, program", [
+    ({"num_blocks": 4, "block_size": 1, "prefix_caching": True, "num_cpu_blocks": 4},
+     [["add", [1, [0]]], ["add", [2, [0]]], ["swap_out", [1]], ["swap_out", [2]]]),
+    ({"num_blocks": 4, "block_size": 1, "prefix_caching": True, "num_cpu_blocks": 2},
+     [["add", [1, [0, 0]]], ["swap_out", [1]], ["add", [2, [0, 0]]], ["swap_in", [1]]]),
+], ids=["cpu", "gpu"])
+def test_undeclared_swap_sharing_fails_where_the_counts_fit_too(config, program):
+    """With room to spare no count is off: an undeclared subject that shares on swap is still caught,
+    by `swap_exact`, naming the declaration."""
+    make = vllm_v0.unstamped("0.5.5")
+    replay(make, config, program, policy="any", capabilities=make.capabilities)
+    with pytest.raises(OracleFailure, match=r"\[swap_exact\] swap_(out|in)\([12]\) maps block 0 onto .* block \d, "
+                                            r"which another sequence holds \(sharing on swap needs"):
+        replay(make, config, program, policy="any", capabilities=make.capabilities - {"swap_sharing"})
+
+
+class SharesOtherContent:
+    """0.5.5's BMv2 with a planted bug: swap_out reports the last block copied onto the first CPU block
+    of an already swapped-out sequence, whatever that block holds."""
+
+    def __init__(self, **config):
+        self.inner = vllm_v0.unstamped("0.5.5")(**config)
+        self.capabilities = self.inner.capabilities
+        self.swapped = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def swap_out(self, seq_id):
+        copies = self.inner.swap_out(seq_id)
+        if self.swapped:
+            copies[-1] = (copies[-1][0], self.swapped[0])
+        self.swapped.append(copies[0][1])
+        return copies
+
+
+def test_declared_swap_sharing_onto_other_content_is_caught():
+    """The family is narrow: only onto a block holding exactly that full block's content."""
+    config = {"num_blocks": 4, "block_size": 1, "prefix_caching": True, "num_cpu_blocks": 4}
+    program = [["add", [1, [0]]], ["add", [2, [1]]], ["swap_out", [1]], ["swap_out", [2]]]
+    with pytest.raises(OracleFailure, match=r"\[swap_exact\] swap_out\(2\) maps block 0 onto CPU block \d, which "
+                                            r"another sequence holds, but it holds \[KV\(prefix=\(\), token=0\)\]"):
+        replay(SharesOtherContent, config, program, policy="any", capabilities=SharesOtherContent(
+            **config).capabilities)
+
+
+# ---------------------------------------------------------------------- v0: free of a swapped-out sequence
+
+#: Aborting a swapped-out request (the scheduler's `free_seq`): from 0.5.1 on, BMv2's free() applies
+#: the scheduler's last-access stamp to the sequence's block ids, which are CPU ids now, through the
+#: GPU allocator's tracker. No fix upstream before v0 was removed (issue 19).
+FREE_SWAPPED = ({"num_blocks": 4, "block_size": 2, "prefix_caching": True, "num_cpu_blocks": 4},
+                [["add", [1, [1, 2, 3]]], ["swap_out", [1]], ["free", [1]]])
+
+
+@pytest.mark.parametrize("version, buggy", [("0.5.0.post1", False), ("0.5.4", True), ("0.5.5", True)])
+def test_free_of_a_swapped_out_sequence_raises_from_0_5_1(version, buggy):
+    make = vllm_v0.release(version)
+    config, program = FREE_SWAPPED
+    if buggy:
+        with pytest.raises(OracleFailure, match=r"\[crash\] free raised KeyError: \d+"):
+            replay(make, config, program, policy="any", capabilities=make.capabilities)
+    else:
+        replay(make, config, program, policy="any", capabilities=make.capabilities)
+    unstamped = vllm_v0.unstamped(version)   # without the scheduler's stamps the path is never reached
+    replay(unstamped, config, program, policy="any", capabilities=unstamped.capabilities)
+
+
+def test_unstamped_is_only_for_v0_releases():
+    with pytest.raises(ValueError, match=r"no v0 adapter for vllm 0.7.0; v0 releases: 0.4.2, 0.4.3, "):
+        vllm_v0.unstamped("0.7.0")
+
+
+# ---------------------------------------------------------------------- the report: every distinct failure
+
+
+class TwoBugs(KVSpec):
+    """Two planted bugs on disjoint configurations: at an even block size add() claims the whole prompt
+    was cached (`cache_hit`); at an odd one the free count is one short (`free_count`). Each fires in
+    an example's first steps, so Hypothesis, which keeps looking for other bugs for a few calls after
+    the first, meets both."""
+
+    capabilities = frozenset({"fork", "prefix_caching"})
+
+    def add(self, seq_id, tokens):
+        cached = super().add(seq_id, tokens)
+        return len(tokens) if self.block_size % 2 == 0 else cached
+
+    def num_free_blocks(self):
+        return super().num_free_blocks() - self.block_size % 2
+
+
+def test_the_report_names_the_first_failure_and_every_distinct_one():
+    """Issue 19, point 4: shrinking one oracle's counterexample cannot replace it by another's; the
+    report leads with the oracle that fired first and lists every other one, each shrunk."""
+    subject = Subject("two_bugs", TwoBugs, TwoBugs.capabilities, config_space={})
+    tally, failure = check(subject, "ci", "any")
+    found = {failure["oracle"]} | {other["oracle"] for other in failure["distinct"]}
+    assert found == {"cache_hit", "free_count"}, found
+    first = failure["first"]
+    assert failure["oracle"] == first["oracle"] and first["seconds"] >= 0 and first["examples"] >= 1
+    assert len(first["program"]) == first["steps"] >= len(failure["program"]) - 1   # shrunk, plus the finish
+    text = io.StringIO()
+    report(Result("two_bugs", "ci", False, 1.0, {key: tally.get(key, 0) for key in
+                                                 ("examples", "steps", "runs", "cow", "eviction", "cache_hit",
+                                                  "out_of_blocks", "swap")},
+                  "-", 0, "any", failure=failure), text)
+    other = ({"cache_hit", "free_count"} - {first["oracle"]}).pop()
+    assert f"first failure: oracle {first['oracle']!r}" in text.getvalue()
+    assert f"1 more distinct failure(s): {other}" in text.getvalue()
+    assert text.getvalue().count("COUNTEREXAMPLE") == 2
+
+
+# ---------------------------------------------------------------------- fixed releases
+
+
+#: v0's bugs on the abort of a swapped-out request (`free` of a swapped-out sequence), never fixed in
+#: v0: the scheduler's access stamp looked up in the GPU allocator under CPU ids (KeyError, with prefix
+#: caching), and the freed block objects, taken from the GPU allocator's BlockPool, returned into the
+#: CPU allocator's smaller one, so a later swap draws a pool slot that does not exist (IndexError).
+ABORT_OF_SWAPPED = r"free raised KeyError|raised IndexError: list index out of range"
+
+
+@pytest.mark.parametrize("version, buggy", [("0.5.0.post1", False), ("0.5.4", True), ("0.5.5", True)])
+@pytest.mark.parametrize("caching", [False, True])
+def test_block_objects_of_a_freed_swapped_sequence_land_in_the_wrong_pool_from_0_5_1(version, buggy, caching):
+    """Seq 5's block object was the GPU pool's fifth (slot 4); freed while swapped out, it goes back
+    to the CPU allocator's pool of 4 slots (1 CPU block x 4), and seq 6's swap-out draws slot 4."""
+    make = vllm_v0.unstamped(version)   # the stamps' KeyError would come first with prefix caching
+    config = {"num_blocks": 8, "block_size": 1, "prefix_caching": caching, "num_cpu_blocks": 1}
+    program = ([["add", [seq, [seq]]] for seq in range(1, 6)]
+               + [["swap_out", [5]], ["free", [5]], ["add", [6, [6]]], ["swap_out", [6]]])
+    if buggy:
+        with pytest.raises(OracleFailure, match=r"\[crash\] swap_out raised IndexError: list index out of range"):
+            replay(make, config, program, policy="any", capabilities=make.capabilities)
+    else:
+        replay(make, config, program, policy="any", capabilities=make.capabilities)
+
+
+def fixed(version: str) -> Subject:
+    """The subject of a dev-profile run: a v0 release without the scheduler's access stamps (so its
+    KeyError does not end most examples with prefix caching on), a v1 release as shipped."""
+    if version in vllm_v0.V0_RELEASES:
+        make = vllm_v0.unstamped(version)
+        return Subject(make.__name__, make, make.capabilities, config_space=make.config_space)
+    return resolve(f"vllm@{version}")
+
+
+#: release -> what a dev-profile run may report: v1's fixed releases nothing; 0.5.5 (which fixed
+#: #6849 and has #4764 and #5364 fixed) only its unfixed abort-of-swapped bug.
+FIXED = {"0.7.0": None, "0.33.0": None, "0.5.5": ABORT_OF_SWAPPED}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", sorted(FIXED))
+def test_fixed_release_shows_no_failure_but_its_known_ones_in_a_dev_profile_run(version):
+    started = time.monotonic()
+    tally, failure = check(fixed(version), "dev", "any")
+    reported = [failure, *failure["distinct"]] if failure else []
+    unknown = [found for found in reported
+               if FIXED[version] is None or found["oracle"] != "crash" or not re.search(FIXED[version], found["message"])]
+    assert not unknown, [f"{found['oracle']}: {found['message']}" for found in unknown]
+    print(f"vllm {version}: {tally['examples']} examples, {tally['steps']} steps, {time.monotonic() - started:.0f} s; "
+          f"reported: {[found['message'] for found in reported]}")
