@@ -35,6 +35,8 @@ ALPHABET = 8
 tokens_st = tokens(ALPHABET)
 prompts = prompt_strategy(SHARED_PREFIXES, ALPHABET, max_suffix=5)
 seq_ids_st = st.integers(0, 6)
+#: The counters of `BlockManager.metrics()` the differential machine recounts from the spec's results.
+STATS = ("prompt_tokens", "cached_tokens", "copies", "swap_outs", "swap_ins", "preempt_recompute", "preempt_swap")
 configs = pool_configs(num_blocks=st.integers(1, 12), block_size=st.integers(1, 5),
                        num_cpu_blocks=st.integers(0, 6), prefix_caching=st.sampled_from([True, True, False]))
 
@@ -80,6 +82,7 @@ class DifferentialMachine(TalliedMachine):
         self.spec, self.impl = self.timed(f"KVSpec/BlockManager(**{config!r})", lambda: (
             KVSpec(**config), BlockManager(**config, max_seqs=2, max_blocks_per_seq=1)))
         self.gpu, self.cpu = Renaming("gpu"), Renaming("cpu")
+        self.stats = dict.fromkeys(STATS, 0)   # what `metrics()` must count, from the spec's results
         self.fresh = FreshIds(start=6)   # fresh ids start above the small ids `wrong_ids` uses
         self.tally["examples"] += 1
         self.count(f"prefix_caching={config['prefix_caching']}")
@@ -105,7 +108,30 @@ class DifferentialMachine(TalliedMachine):
             self.count(f"error {type(spec_error).__name__}")
         if self.impl.num_evictions() > evictions:
             self.count(EVICTION)
+        if spec_error is None:
+            self.account(operation, args, spec_result)
         return spec_error is None, spec_result, impl_result
+
+    def account(self, operation, args, result) -> None:
+        """Count what the spec's successful `operation` did, as `metrics()` must count it."""
+        stats = self.stats
+        if operation == "add":
+            stats["prompt_tokens"] += len(args[1])
+            stats["cached_tokens"] += result
+        elif operation in ("preempt", "swap_out"):
+            mode = "swap" if operation == "swap_out" else (args[1:] or ("recompute",))[0]
+            stats[f"preempt_{mode}"] += 1
+            stats["swap_outs"] += len(result)
+        elif operation in ("resume", "swap_in") and result:
+            stats["swap_ins"] += len(result)
+        elif operation == "resume":   # a recompute victim: allocated again like a prompt
+            stats["prompt_tokens"] += self.spec.length(args[0])
+            stats["cached_tokens"] += self.spec.cached_tokens(args[0])
+        elif operation == "step":
+            stats["preempt_recompute"] += len(result.preempted)
+            stats["copies"] += len(result.copies)
+        elif operation == "append":
+            stats["copies"] += len(result)
 
     def outcomes(self, operation, args) -> list:
         """(error, result) of the operation on the spec, then on the manager."""
@@ -226,6 +252,7 @@ class DifferentialMachine(TalliedMachine):
             return
         assert spec_copies is not None, "batch accepted although one-at-a-time appends run out"
         self.spec = trial
+        self.stats["copies"] += len(spec_copies)
         self.match_copies(spec_copies, impl_copies, self.gpu, self.gpu)
         self.count(f"batch of {min(len(seq_ids), 3)}{'+' if len(seq_ids) > 3 else ''}")
 
@@ -278,6 +305,8 @@ class DifferentialMachine(TalliedMachine):
         for block, refs in enumerate(spec_refs):
             if block in self.gpu.forward:
                 assert impl.refcount(self.gpu.forward[block]) == refs, f"ref count of block {block}"
+        metrics = impl.metrics()
+        assert {name: metrics[name] for name in STATS} == self.stats, "metrics() counts what the spec did"
         impl.check()
 
     @invariant()
