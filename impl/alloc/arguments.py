@@ -21,7 +21,6 @@ TORCH_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uin
 # else (a bool, an int subclass, a float, a numpy scalar, a larger int) is written otherwise or
 # refused, so a dump of exactly this layout is a list of plain ints, read in one C pass.
 MARSHAL_INT = np.dtype([("tag", "u1"), ("value", "<i4")])
-MARSHAL_INT_TAG = ord("i")
 
 
 def plain_seq_id(seq_id) -> int:
@@ -77,13 +76,11 @@ def _small_plain_ints(tokens):
         dump = marshal.dumps(tokens, 2)
     except ValueError:   # an item marshal cannot write (an int subclass, a numpy scalar, ...)
         return None
-    if len(dump) != 5 + MARSHAL_INT.itemsize * len(tokens):
+    n = len(tokens)
+    # Every item is tagged "i", and no value's last (most significant) byte has the sign bit set.
+    if len(dump) != 5 + 5 * n or dump[5::5] != b"i" * n or not dump[9::5].isascii():
         return None
-    items = np.frombuffer(dump, MARSHAL_INT, offset=5)
-    if np.count_nonzero(items["tag"] != MARSHAL_INT_TAG):
-        return None
-    array = items["value"].astype(np.int64)
-    return None if np.count_nonzero(array < 0) else array
+    return np.frombuffer(dump, MARSHAL_INT, offset=5)["value"].astype(np.int64)
 
 
 def check_token_batch(tokens) -> np.ndarray:

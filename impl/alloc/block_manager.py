@@ -96,6 +96,7 @@ class BlockManager:
         self.block_tokens = np.zeros((num_blocks, block_size), dtype=np.int64)
         # The same memory, one item of B int64 per block: numpy copies whole items fastest.
         self._block_items = self.block_tokens.view(np.dtype((np.void, 8 * block_size))).reshape(num_blocks)
+        self._token_slots = self.block_tokens.reshape(-1)   # and one item per slot (block * B + offset)
         self.cache = PrefixCache(self.journal, self.block_tokens) if prefix_caching else None
         self.pool = BlockPool(num_blocks, self.journal, self.cache)
         self.cpu_pool = CpuPool(num_cpu_blocks, block_size, self.journal)
@@ -105,6 +106,11 @@ class BlockManager:
         self._admissions = 0
         self._creations = 0
         self._last_batch = None               # (the list, its plain ids, rows, rows.version)
+        # What the last batch append learnt, valid while no table changes (`rows.changes`, which
+        # every admission, preemption, resumption and free bumps): those rows all run, and the
+        # slots their new tokens went to (the decode slot mapping).
+        self._running_batch = None            # (rows, rows.changes)
+        self._appended_slots = None           # (rows, slots, rows.changes)
         self.stats = dict.fromkeys(("prompt_tokens", "cached_tokens", "copies", "swap_outs",
                                     "swap_ins", "preempt_recompute", "preempt_swap"), 0)
         self._lock = threading.RLock()
@@ -271,7 +277,7 @@ class BlockManager:
         """New blocks appending one token to each of these running sequences would take."""
         rows = self._rows(seq_ids)
         self._require_running(rows)
-        return len(self._plan_append(rows)[2])
+        return len(self._plan_append(rows)[0])
 
     @atomic   # a query, but it may compact the table arena to read windows off its end
     def block_tables(self, seq_ids) -> torch.Tensor:
@@ -290,6 +296,10 @@ class BlockManager:
         sequence, concatenated: what a forward pass writes (prefill: length - cached; decode: 1).
         `num_tokens`: one int for all, or one per sequence."""
         rows = self._rows(seq_ids)
+        if type(num_tokens) is int and num_tokens == 1:
+            appended = self._appended_slots
+            if appended is not None and appended[0] is rows and appended[2] == self.rows.changes:
+                return torch.from_numpy(appended[1].copy()).to(self.device)
         self._require_running(rows)
         lens = self.rows.seq_len[rows]
         if type(num_tokens) is int and num_tokens == 1:   # decode: one position per sequence
@@ -460,10 +470,13 @@ class BlockManager:
     def _forget_memo(self) -> None:
         """After a rollback: rows the memo saw may have been recycled and restored, and tables
         gathered inside the transaction may show changes that were undone (undoing stamps nothing)."""
-        self._last_batch = None
+        self._last_batch = self._running_batch = self._appended_slots = None
         self.rows.last_gather = None
 
     def _require_running(self, rows: np.ndarray) -> None:
+        known = self._running_batch
+        if known is not None and known[0] is rows and known[1] == self.rows.changes:
+            return
         not_running = (self.rows.row_status[rows] != RUNNING_CODE).nonzero()[0]
         if len(not_running):
             row = rows[not_running[0]]
@@ -542,27 +555,28 @@ class BlockManager:
             self.cache.fill(blocks, parents)
 
     def _plan_append(self, rows: np.ndarray):
-        """For appending one token to each row in this order: who needs a fresh tail (tail full)
-        and who copies a shared partial tail first (both False for most rows: `needy` lists the
-        others). Sharers copy in order; when every holder of a tail is in the batch, the last one
-        writes in place. Also each row's length, tail block and the tail's offset to write at."""
+        """For appending one token to each row in this order: `needy` lists the rows that need a
+        new block, either a fresh tail (tail full) or a copy of a shared partial tail (`cow`, None
+        when no row copies). Sharers copy in order; when every holder of a tail is in the batch,
+        the last one writes in place. Also each row's length, tail block and the tail's offset."""
         lens = self.rows.seq_len[rows]
         offsets = lens % self.block_size
         tails = self.rows.tails(rows)
         needs_tail = offsets == 0
-        cow = ~needs_tail & (self.pool.ref_count[tails] > 1)
-        if np.count_nonzero(cow):
-            pending_refs = {}
-            for i in cow.nonzero()[0].tolist():
-                tail = tails[i]
-                refs = pending_refs.get(tail, self.pool.ref_count[tail])
-                cow[i] = refs > 1
-                pending_refs[tail] = refs - 1
-        needy = (needs_tail | cow).nonzero()[0]
-        return needs_tail, cow, needy, lens, offsets, tails
+        shared = self.pool.ref_count[tails] > 1
+        if not np.count_nonzero(shared):   # the common case: nothing to copy
+            return needs_tail.nonzero()[0], needs_tail, None, lens, offsets, tails
+        cow = shared & ~needs_tail
+        pending_refs = {}
+        for i in cow.nonzero()[0].tolist():
+            tail = tails[i]
+            refs = pending_refs.get(tail, self.pool.ref_count[tail])
+            cow[i] = refs > 1
+            pending_refs[tail] = refs - 1
+        return (needs_tail | cow).nonzero()[0], needs_tail, cow, lens, offsets, tails
 
     def _append_rows(self, rows: np.ndarray, tokens: np.ndarray) -> list:
-        needs_tail, cow, needy, lens, offsets, tails = self._plan_append(rows)
+        needy, needs_tail, cow, lens, offsets, tails = self._plan_append(rows)
         self._require_free(len(needy))
         if self.cache is not None and len(needy) > self.pool.queued and len(rows) > 1:
             # An eviction unindexes a block; an earlier sequence's filled block must be indexed
@@ -571,12 +585,19 @@ class BlockManager:
         copies = []
         if len(needy):
             new_blocks = self.pool.take(len(needy))
-            is_tail = needs_tail[needy]
-            self.rows.push(rows[needy[is_tail]], new_blocks[is_tail])
-            copies = self._copy_on_write(rows[needy[~is_tail]], tails[needy[~is_tail]], new_blocks[~is_tail])
+            if cow is None:
+                self.rows.push(rows[needy], new_blocks)
+            else:
+                is_tail = needs_tail[needy]
+                self.rows.push(rows[needy[is_tail]], new_blocks[is_tail])
+                copies = self._copy_on_write(rows[needy[~is_tail]], tails[needy[~is_tail]], new_blocks[~is_tail])
             tails[needy] = new_blocks   # a fresh tail or the copy: either way the block written now
-        self.journal.assign(self.block_tokens, (tails, offsets), tokens)
+        slots = tails * self.block_size + offsets
+        self.journal.undo.append((self._token_slots.__setitem__, (slots, self._token_slots.take(slots))))
+        self._token_slots[slots] = tokens
         self.journal.assign(self.rows.seq_len, rows, lens + 1, old=lens)
+        self._running_batch = (rows, self.rows.changes)
+        self._appended_slots = (rows, slots, self.rows.changes)
         if self.cache is not None:
             filled = (offsets == self.block_size - 1).nonzero()[0]
             if len(filled):

@@ -160,9 +160,15 @@ class RowTables:
         full = held >= self.capacity[rows]
         if np.count_nonzero(full):
             self._move(rows[full], held[full])
-        journal.assign(self.arena, self.start[rows] + held, blocks)
-        journal.assign(self.num_held, rows, held + 1, old=held)
+        slots = self.start[rows] + held
+        journal.undo.append((self._unpush, (rows, held, slots)))
+        self.arena[slots] = blocks
+        self.num_held[rows] = held + 1
         self._stamp(rows)
+
+    def _unpush(self, rows: np.ndarray, held: np.ndarray, slots: np.ndarray) -> None:
+        self.arena[slots] = -1   # past each table inside its segment, as before the push
+        self.num_held[rows] = held
 
     def gather(self, rows: np.ndarray, width: int) -> np.ndarray:
         """int32 [len(rows), width] tables, -1 past each row's own blocks.
