@@ -73,6 +73,8 @@ class PrefixCache:
         rows = tokens[:max_blocks * self.block_tokens.shape[1]].reshape(max_blocks, -1)
         keys = self.keys.chain(ROOT, self.keys.block_hashes(rows))
         names = dict_keys(keys)
+        if names[0] not in self.by_key:   # a new prompt: not even its first block is indexed
+            return []
         found = self._probe(names)
         previous = np.concatenate(([NONE], found[:-1]))
         safe = np.maximum(found, 0)
@@ -148,7 +150,8 @@ class PrefixCache:
     def _fill_chain(self, blocks, parent: int, hashes) -> None:
         """Consecutive blocks of one table after `parent` (a prompt's): the leading ones whose
         prefix exists join it, the rest are new contents, linked in one pass."""
-        start_node, start_key = (int(x[0]) for x in self._parent_nodes(np.array([parent])))
+        start_node = NONE if parent == NONE else int(self.block_node[parent])
+        start_key = ROOT if start_node == NONE else int(self.node_key[start_node])
         keys = self.keys.chain(start_key, hashes)
         names = dict_keys(keys)
         found = self._probe(names)
@@ -168,6 +171,8 @@ class PrefixCache:
 
     def _existing_prefix(self, found, parent: int, rows) -> int:
         """How many leading candidates are confirmed: the right parent and the same tokens."""
+        if found[0] == NONE:   # a new prompt's first block: nothing to confirm
+            return 0
         previous = np.concatenate(([parent], found[:-1]))
         safe = np.maximum(found, 0)
         holders = self.node_holder[safe]
@@ -319,7 +324,7 @@ class PrefixCache:
             parents = self.node_parent[dying]
             self._unfile(dict_keys(self.node_key[dying]), dying.tolist())
             journal.assign(self.node_parent, dying, FREED)
-            for node in dying.tolist():
+            for node in dying.tolist() if self.orphans else ():
                 if node in self.orphans:
                     journal.pop(self.orphans, node)
             journal.will_append(self.free_nodes)

@@ -104,8 +104,8 @@ def run_step(subject: Subject, kind: str, rng) -> None:
         for part in ("forget", "chain", "forget"):
             if part == "forget" and subject.model:
                 subject.forget(rng.sample(sorted(subject.model), rng.randint(1, len(subject.model))))
-            elif part == "chain":
-                blocks = rng.sample(subject.unindexed(), rng.randint(1, 3))
+            elif part == "chain" and subject.unindexed():
+                blocks = rng.sample(subject.unindexed(), rng.randint(1, min(3, len(subject.unindexed()))))
                 subject.fill(blocks, [-1, *blocks[:-1]], [(rng.randint(0, 1), rng.randint(0, 1)) for _ in blocks])
         subject.journal.rollback()
         subject.model = model
