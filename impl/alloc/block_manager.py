@@ -516,7 +516,7 @@ class BlockManager:
         B = self.block_size
         hits = self.cache.lookup(tokens, (len(tokens) - 1) // B) if self.cache else []
         needed = blocks_needed(len(tokens), B) - len(hits)
-        available = self.pool.num_free() - sum(1 for b in hits if self.pool.ref_count[b] == 0)
+        available = self.pool.num_free() - (np.count_nonzero(self.pool.ref_count[hits] == 0) if hits else 0)
         if needed > available:
             raise OutOfBlocks(needed, available)
         return hits, needed

@@ -83,13 +83,27 @@ class BlockPool:
                 self.evictable[block] = stamp
                 self.evictable.move_to_end(block, last=False)
 
-    def share(self, blocks: list) -> None:
-        """One more reference to each (distinct) block; an evictable one becomes live again."""
-        for block in blocks:
-            if block in self.evictable:
-                self.journal.pop_ordered(self.evictable, block, self.evictable.__getitem__)
-        self.journal.save(self.ref_count, blocks)
-        self.ref_count[blocks] += 1
+    def share(self, blocks) -> None:
+        """One more reference to each (distinct) block; an evictable one (nobody holds it: ref count
+        0) becomes live again. One undo record for the LRU entries, one for the ref counts."""
+        journal = self.journal
+        refs = self.ref_count[blocks]
+        revived = np.asarray(blocks, dtype=np.int64)[refs == 0].tolist()
+        if revived:
+            entries = list(zip(revived, map(self.evictable.__getitem__, revived)))
+            journal.undo.append((self._restore_lru, (entries,)))
+            deque(map(self.evictable.pop, revived), maxlen=0)
+        journal.undo.append((self.ref_count.__setitem__, (blocks, refs)))
+        self.ref_count[blocks] = refs + 1
+
+    def _restore_lru(self, entries: list) -> None:
+        """Undo of taking (block, stamp) entries out of the LRU: put back those not there, in
+        release-stamp order (the LRU's order, see `problems`). O(evictable): the failure path."""
+        missing = [(block, stamp) for block, stamp in entries if block not in self.evictable]
+        if missing:
+            ordered = sorted([*self.evictable.items(), *missing], key=itemgetter(1))
+            self.evictable.clear()
+            self.evictable.update(ordered)
 
     def unshare(self, blocks) -> None:
         """One reference fewer to each block, all of them still held by someone (copy-on-write)."""
