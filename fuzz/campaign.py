@@ -385,8 +385,8 @@ def fuzz_worker(options: Options, tally: Counter, stop, worker: int = 0) -> tupl
         tally["runs"] += 1
     if failure:
         failure = drop_needless_steps(subject, failure, options.call_timeout, options.policy)
-        failure["distinct"] = [drop_needless_steps(subject, other, options.call_timeout, options.policy)
-                               for other in failure.get("distinct", ())]
+        failure["distinct"] = [{**drop_needless_steps(subject, other, options.call_timeout, options.policy),
+                                "found_in": found_in, "worker": worker} for other in failure.get("distinct", ())]
         failure.update(found_in=found_in, worker=worker)
         stop.set()
     return failure, note
