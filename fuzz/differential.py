@@ -15,6 +15,7 @@ copy-on-write, swap and cache hits happen every few steps.
 """
 
 import copy
+import math
 import time
 from collections import Counter
 
@@ -337,23 +338,36 @@ def _unless_out_of_blocks(thunk):
         return None
 
 
-class SchedulerMachine(TalliedMachine):
-    """The Scheduler's steps replayed on the spec. With no CPU pool every preemption is by
-    recompute, so its decode phase must be exactly the spec's `step` (same victims, latest
-    admitted first, same appends) and each admission the spec's add / fork / resume + append."""
+#: The scheduler machine's pools: big enough for most requests to fit (and for many to run at once).
+scheduler_pools = pool_configs(num_blocks=st.integers(2, 16), block_size=st.integers(1, 4),
+                               num_cpu_blocks=st.integers(0, 8), prefix_caching=st.sampled_from([True, True, False]))
+#: Scheduler configurations: the defaults, or a drawn slot limit and watermark with a cost model that
+#: prefers swap (the default rates: a swap moves a token's KV faster than a prefill recomputes it) or
+#: recompute (a prefill of 10^9 tokens a second).
+scheduler_configs = st.one_of(st.just(SchedulerConfig()), st.builds(
+    SchedulerConfig, max_num_seqs=st.integers(1, 16), watermark=st.sampled_from([0.0, 0.2]),
+    prefill_tokens_per_s=st.sampled_from([10_000.0, 1e9])))
 
-    @initialize(config=configs.map(lambda c: {**c, "num_cpu_blocks": 0}),
-                watermark=st.sampled_from([0.0, 0.2]), max_num_seqs=st.integers(1, 6))
-    def setup(self, config, watermark, max_num_seqs):
+
+class SchedulerMachine(TalliedMachine):
+    """The Scheduler's steps replayed on the spec: its decode phase is the spec's `step` (the same
+    victims, latest admitted first, each preempted by the mode the scheduler chose: with a CPU pool
+    some are swapped), then its swap-ins, resumes and admissions are the spec's swap_in / resume /
+    add / fork plus the pending token's append. Managers are built with the spec's defaults or with
+    every argument drawn, schedulers with the default configuration or a drawn one."""
+
+    @initialize(config=scheduler_pools, defaults=st.booleans(), scheduler_config=scheduler_configs)
+    def setup(self, config, defaults, scheduler_config):
+        if defaults:   # only the pool's size: the spec's and the manager's defaults for the rest
+            config = {name: config[name] for name in ("num_blocks", "block_size")}
         self.spec, self.bm = KVSpec(**config), BlockManager(**config)
-        self.scheduler = self.timed(f"Scheduler(BlockManager(**{config!r}), SchedulerConfig(max_num_seqs="
-                                    f"{max_num_seqs}, watermark={watermark}))", lambda: Scheduler(
-                                        self.bm, SchedulerConfig(max_num_seqs=max_num_seqs, watermark=watermark)))
-        self.gpu = Renaming("gpu")
+        self.scheduler = self.timed(f"Scheduler(BlockManager(**{config!r}), {scheduler_config!r})",
+                                    lambda: Scheduler(self.bm, scheduler_config))
+        self.gpu, self.cpu = Renaming("gpu"), Renaming("cpu")
         self.prompt_of = {}
         self.tally["examples"] += 1
 
-    @rule(prompt=prompts, max_new_tokens=st.integers(1, 6), n=st.integers(1, 3))
+    @rule(prompt=prompts, max_new_tokens=st.integers(1, 8), n=st.integers(1, 3))
     def add_request(self, prompt, max_new_tokens, n):
         args = (len(self.prompt_of), prompt, max_new_tokens, n)
         if not self.scheduler.can_ever_fit(len(prompt), 0):
@@ -372,6 +386,8 @@ class SchedulerMachine(TalliedMachine):
         pending = dict(self.scheduler.pending)
         out = self.timed("schedule()", self.scheduler.schedule)
         self.replay_on_spec(out, pending)
+        if not (out.preempted or out.swapped_out):
+            self.admitted_greedily()
         sampled = {s: data.draw(tokens_st, label="token") for s in out.seq_ids + list(out.forked)}
         for seq_id in self.timed(call_text("update", sampled), lambda: self.scheduler.update(sampled)):
             self.spec.free(seq_id)
@@ -379,18 +395,29 @@ class SchedulerMachine(TalliedMachine):
         self.timed("check()", self.bm.check, record=False)
 
     @timed_check
+    def admitted_greedily(self) -> None:
+        """After a step that preempted nothing, no queue head that has a sequence slot fits in the
+        blocks above the watermark: admission stops only for a slot or for blocks."""
+        scheduler, bm = self.scheduler, self.bm
+        above_watermark = bm.num_free_blocks() - math.ceil(scheduler.config.watermark * bm.num_blocks)
+        for sequences, blocks in scheduler.admission_heads():
+            assert not (len(bm.running()) + sequences <= scheduler.config.max_num_seqs and blocks <= above_watermark), \
+                f"a queue head of {sequences} sequences and {blocks} blocks fits but waits"
+
+    @timed_check
     def replay_on_spec(self, out, pending: dict) -> None:
-        """The scheduled step on the spec: its decode step, then each admission, then the tables."""
-        result = self.spec.step({s: pending[s] for s in self.spec.seq_ids()
-                                 if self.spec.status(s) == RUNNING})
-        assert out.preempted == result.preempted, f"victims {out.preempted} vs spec {result.preempted}"
-        assert out.decodes == result.appended, f"decodes {out.decodes} vs spec {result.appended}"
-        if out.preempted:
-            self.count("scheduler preempted")
+        """The scheduled step on the spec: its decode step, the aborts, swap-ins and admissions,
+        then every table."""
+        appended = self.replay_decode(out, pending)
+        assert out.decodes == appended + out.swapped_in, f"decodes {out.decodes} vs spec {appended} + swap-ins"
         for seq_id in out.aborted:            # outgrew the whole pool: freed, never resumed
             assert self.spec.status(seq_id) != RUNNING
             self.spec.free(seq_id)
             self.count("scheduler aborted")
+        for seq_id in out.swapped_in:
+            self.spec.swap_in(seq_id)
+            self.spec.append(seq_id, pending[seq_id])
+            self.count("scheduler swapped in")
         for prefill in out.prefills:
             seq_id = prefill.seq_id
             if seq_id in self.spec.seqs:      # a recompute victim: re-prefill plus its pending token
@@ -407,7 +434,38 @@ class SchedulerMachine(TalliedMachine):
             self.gpu.match_lists(self.spec.block_table(seq_id), row[:len(self.spec.block_table(seq_id))])
         for seq_id in self.spec.seq_ids():
             self.gpu.match_lists(self.spec.block_table(seq_id), self.bm.block_table(seq_id))
+            self.cpu.match_lists(self.spec.cpu_block_table(seq_id), self.bm.cpu_block_table(seq_id))
         assert self.spec.num_free_blocks() == self.bm.num_free_blocks()
+        assert self.spec.num_free_cpu_blocks() == self.bm.num_free_cpu_blocks()
+
+    def documented_mode(self, victim: int) -> str:
+        """SchedulerConfig's cost model on the spec's state: swap when the CPU pool takes all of the
+        victim's blocks and moving them out and back costs less time than prefilling its tokens."""
+        config, blocks = self.scheduler.config, len(self.spec.block_table(victim))
+        swap_s = 2 * blocks * self.spec.block_size * config.kv_bytes_per_token / config.swap_bytes_per_s
+        recompute_s = self.spec.length(victim) / config.prefill_tokens_per_s
+        return "swap" if blocks <= self.spec.num_free_cpu_blocks() and swap_s < recompute_s else "recompute"
+
+    def replay_decode(self, out, pending: dict) -> list:
+        """The spec's `step` over every running sequence's pending token, with the scheduler's
+        victims (the spec's, found on a copy that preempts all by recompute: swap frees the same GPU
+        blocks) preempted by the mode the scheduler chose. Returns the sequences it appended to."""
+        batch = {s: pending[s] for s in self.spec.seq_ids() if self.spec.status(s) == RUNNING}
+        victims = copy.deepcopy(self.spec).step(batch).preempted
+        swapped = set(out.swapped_out)
+        assert (out.preempted, out.swapped_out) == ([v for v in victims if v not in swapped],
+                                                    [v for v in victims if v in swapped]), \
+            f"victims {out.preempted} + swapped {out.swapped_out} vs spec {victims}"
+        for victim in victims:
+            mode = self.documented_mode(victim)
+            assert (victim in swapped) == (mode == "swap"), f"victim {victim} preempted, the cost model says {mode}"
+            self.spec.preempt(victim, mode)
+            batch.pop(victim, None)
+        if victims:
+            self.count("scheduler swapped out" if swapped else "scheduler preempted")
+        result = self.spec.step(batch)
+        assert result.preempted == [], f"the spec still preempts {result.preempted} after the scheduler's victims"
+        return result.appended
 
 
 def differential_settings(profile: str, **overrides):
