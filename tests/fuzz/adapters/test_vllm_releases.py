@@ -4,6 +4,7 @@ fails), each buggy release caught by the ci profile under `--policy any`, each f
 dev-profile run (the `slow` tests at the end; .ci/run runs them as their own step)."""
 
 import io
+import json
 import re
 import time
 
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import Phase
 
 from pagedkv.fuzz.adapters import vllm_v0
-from pagedkv.fuzz.campaign import Result, check, report
+from pagedkv.fuzz.campaign import Options, Result, check, report, run_campaign
 from pagedkv.fuzz.harness import replay
 from pagedkv.fuzz.oracles import OracleFailure
 from pagedkv.fuzz.subjects import Subject, resolve
@@ -367,6 +368,22 @@ def test_the_report_names_the_first_failure_and_every_distinct_one():
     assert f"first failure: oracle {first['oracle']!r}" in text.getvalue()
     assert f"1 more distinct failure(s): {other}" in text.getvalue()
     assert text.getvalue().count("COUNTEREXAMPLE") == 2
+
+
+def test_a_campaign_reports_the_first_failure_and_every_distinct_one(tmp_path):
+    """The CLI's path (replay, runs, shrinking, `drop_needless_steps` on each) on vLLM 0.6.6.post1:
+    #11562's leak shows as `free_count` and as `atomic_failure` (a refused add that took a block)."""
+    out, text = tmp_path / "report.json", io.StringIO()
+    result = run_campaign(Options("vllm@0.6.6.post1", profile="ci", db=str(tmp_path / "db"), json_path=str(out)),
+                          out=text)
+    failure = json.loads(out.read_text())["failure"]
+    oracles = [failure["oracle"]] + [other["oracle"] for other in failure["distinct"]]
+    assert not result.passed and failure["first"]["oracle"] == failure["oracle"] == "free_count"
+    assert sorted(oracles) == ["atomic_failure", "free_count"]
+    assert failure["first"]["seconds"] > 0 and failure["first"]["steps"] == len(failure["first"]["program"])
+    assert all(other["found_in"] == "generate" and other["program"] for other in failure["distinct"])
+    assert "first failure: oracle 'free_count'" in text.getvalue()
+    assert "1 more distinct failure(s): atomic_failure" in text.getvalue()
 
 
 # ---------------------------------------------------------------------- fixed releases
