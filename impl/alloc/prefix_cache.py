@@ -118,31 +118,29 @@ class PrefixCache:
         if not len(blocks):
             return
         hashes = self.keys.block_hashes(self.block_tokens[blocks])
-        if (self.block_node[blocks] != NONE).any():
+        if self.block_node[blocks].max() != NONE:   # one already indexed (-1 is the least id)
             self._fill_sequentially(blocks, parents, hashes)
-        elif len(blocks) > 1 and (parents[1:] == blocks[:-1]).all() and self._known(parents[:1]):
+        elif len(blocks) > 1 and parents[1] == blocks[0] and (parents[1:] == blocks[:-1]).all():
             self._fill_chain(blocks, int(parents[0]), hashes)
-        elif self._known(parents):
-            self._fill_each(blocks, parents, hashes)
         else:
-            self._fill_sequentially(blocks, parents, hashes)
-
-    def _known(self, parents: np.ndarray) -> bool:
-        """Each of these parent blocks is -1 or indexed already."""
-        return bool(((parents == NONE) | (self.block_node[np.maximum(parents, 0)] != NONE)).all())
-
-    def _parent_nodes(self, parents: np.ndarray):
-        nodes = np.where(parents == NONE, NONE, self.block_node[np.maximum(parents, 0)])
-        keys = np.where(nodes == NONE, np.uint64(ROOT), self.node_key[np.maximum(nodes, 0)])
-        return nodes, keys
+            self._fill_each(blocks, parents, hashes)
 
     def _fill_each(self, blocks, parents, hashes) -> None:
         """Blocks that each follow a block indexed before (a decode step's): all new contents
-        with distinct keys, in one pass; anything else sequentially."""
-        nodes, parent_keys = self._parent_nodes(parents)
+        with distinct keys, in one pass; anything else sequentially. Few array passes: this runs
+        every decode step."""
+        roots = parents == NONE
+        some_roots = np.count_nonzero(roots)
+        nodes = self.block_node[parents]              # a root's -1 reads the last block's: reset
+        if some_roots:
+            nodes[roots] = NONE
+        parent_keys = self.node_key[nodes]
+        if some_roots:
+            parent_keys[roots] = ROOT
         keys = self.keys.after(parent_keys, hashes)
         names = dict_keys(keys)
-        if len(set(names)) < len(names) or not self.by_key.keys().isdisjoint(names):
+        if (np.count_nonzero(nodes == NONE) != some_roots  # a parent not indexed before: in the batch
+                or len(set(names)) < len(names) or not self.by_key.keys().isdisjoint(names)):
             self._fill_sequentially(blocks, parents, hashes)
             return
         self._link(self._new_nodes(len(blocks)), blocks, nodes, keys, names)
@@ -151,6 +149,9 @@ class PrefixCache:
         """Consecutive blocks of one table after `parent` (a prompt's): the leading ones whose
         prefix exists join it, the rest are new contents, linked in one pass."""
         start_node = NONE if parent == NONE else int(self.block_node[parent])
+        if parent != NONE and start_node == NONE:   # the parent is not indexed: the general path
+            self._fill_sequentially(blocks, np.concatenate(([parent], blocks[:-1])), hashes)
+            return
         start_key = ROOT if start_node == NONE else int(self.node_key[start_node])
         keys = self.keys.chain(start_key, hashes)
         names = dict_keys(keys)
