@@ -93,7 +93,10 @@ def run_step(subject: Subject, kind: str, rng) -> None:
                     for b in blocks]
         subject.fill(blocks, parents, contents)
     elif kind == "forget" and indexed:
-        subject.forget(rng.sample(indexed, rng.randint(1, len(indexed))))
+        blocks = rng.sample(indexed, rng.randint(1, len(indexed)))
+        if rng.random() < 0.2:   # a block named twice, and one not indexed: each is wiped once
+            blocks += [rng.choice(blocks), *free[:1]]
+        subject.forget(blocks)
     elif kind == "lookup":
         base = subject.model[rng.choice(indexed)] if indexed else ()
         prompt = base + tuple((rng.randint(0, 1), rng.randint(0, 1)) for _ in range(rng.randint(0, 2)))
@@ -144,3 +147,28 @@ def test_one_python_hash_two_contents_through_the_manager():
     assert bm.cached_tokens(2) == 0 and bm.cached_prefix_tokens([1, 2 + big, 5]) == 2
     assert bm.cache.contents() == {0: ((1, 2),), 2: ((1, 2 + big),)}
     bm.check()
+
+
+@pytest.mark.parametrize("blocks, parents", [([4, 6], [9, 4]), ([4, 6], [9, 2]), ([4], [9])],
+                         ids=["a chain", "two blocks", "one block"])
+def test_a_fill_after_a_block_not_indexed_is_refused_and_undone(blocks, parents):
+    """The manager never fills after an unindexed block; if it did, the index refuses it and the
+    journal undoes what it did so far."""
+    subject = Subject()
+    subject.fill([2], [-1], [(1, 1)])
+    subject.journal.undo.clear()
+    before = (subject.cache.contents(), subject.cache.holder_lists())
+    for block in blocks:
+        subject.tokens[block] = (0, 1)
+    with pytest.raises(RuntimeError, match="not indexed"):
+        subject.cache.fill(blocks, parents)
+    subject.journal.rollback()
+    assert (subject.cache.contents(), subject.cache.holder_lists()) == before
+    assert subject.cache.problems(subject.tokens) == []
+
+
+def test_empty_batches_change_nothing():
+    subject = Subject()
+    subject.cache.fill([], [])
+    subject.cache.forget([])
+    assert subject.journal.undo == [] and subject.cache.contents() == {}
