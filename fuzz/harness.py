@@ -26,6 +26,7 @@ one per policy (`POLICIES`):
 """
 
 import time
+import inspect
 from collections import Counter
 
 from hypothesis import strategies as st
@@ -52,8 +53,13 @@ SWAP_PROTOCOL = ("swap_out", "swap_in")
 #: prefix caching on both pools), so a swap may need fewer free blocks than the table has.
 #: `kv_events`: the subject publishes its prefix index as events and shows the index itself
 #: (`kv_events()`, `cache_index()`; fuzz/events.py), checked with prefix caching on.
+#: `spec_defaults`: the factory defaults what the spec's constructor defaults, to the spec's values
+#: (`SPEC_DEFAULTS`), so the harness sometimes builds it without them (pagedkv's own allocator).
 CAPABILITIES = frozenset({"fork", "prefix_caching", "swap", "complete_cache", "conservative_admission",
-                          "dedup_on_fill", "swap_sharing", "kv_events"})
+                          "dedup_on_fill", "swap_sharing", "kv_events", "spec_defaults"})
+#: What KVSpec's constructor defaults: a subject declaring `spec_defaults` must default it alike.
+SPEC_DEFAULTS = {name: parameter.default for name, parameter in inspect.signature(KVSpec).parameters.items()
+                 if parameter.default is not parameter.empty}
 DEFAULT_CAPABILITIES = frozenset({"fork"})
 POLICIES = ("spec", "any")
 #: Paths a campaign reports as covered.
@@ -324,7 +330,9 @@ class Conformance:
                  found: list = None):
         if policy not in JUDGES:
             raise ValueError(f"unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
-        self.config, self.policy = dict(config), policy
+        # The subject is built with `config` as given (a spec_defaults draw leaves out the keys the
+        # spec defaults); the harness and its judge read every key, the spec's defaults filled in.
+        self.built_with, self.config, self.policy = dict(config), {**SPEC_DEFAULTS, **config}, policy
         self.B = config["block_size"]
         self.tally = tally if tally is not None else Counter()
         self.program, self.trace = [], []
@@ -335,10 +343,10 @@ class Conformance:
         self.found = found              # a run's list: its first failure is appended, before any shrinking
         self.capabilities = frozenset(capabilities if capabilities is not None else DEFAULT_CAPABILITIES)
         self.judge = JUDGES[policy](self)
-        self.subject = self._guarded(lambda: factory(**config), "factory")
+        self.subject = self._guarded(lambda: factory(**self.built_with), "factory")
         if capabilities is None:
             self.capabilities = frozenset(getattr(self.subject, "capabilities", DEFAULT_CAPABILITIES))
-        self.events = (EventCheck(self) if "kv_events" in self.capabilities and config["prefix_caching"]
+        self.events = (EventCheck(self) if "kv_events" in self.capabilities and self.config["prefix_caching"]
                        else None)
 
     # ------------------------------------------------------------------ oracles plumbing
@@ -596,7 +604,7 @@ class Conformance:
     # ------------------------------------------------------------------ reporting
 
     def report(self) -> dict:
-        return {"config": self.config, "policy": self.policy,
+        return {"config": self.built_with, "policy": self.policy,
                 "program": [[op, list(args)] for op, args in self.program],
                 "trace": list(self.trace), "state": self.state()}
 
@@ -720,6 +728,8 @@ class ConformanceMachine(RuleBasedStateMachine):
     @initialize(data=st.data())
     def setup(self, data):
         config = data.draw(configs(self.capabilities, dict(self.config_space)), label="config")
+        if self.has("spec_defaults") and data.draw(st.booleans(), label="built with the spec's defaults"):
+            config = self.with_spec_defaults(config)
         B = config["block_size"]
         self.history = data.draw(st.lists(token_lists(B + 1, 3 * B), min_size=2, max_size=3),
                                  label="shared prefixes")
@@ -731,6 +741,13 @@ class ConformanceMachine(RuleBasedStateMachine):
 
     def has(self, capability: str) -> bool:
         return capability in self.capabilities
+
+    def with_spec_defaults(self, config: dict) -> dict:
+        """`config` without the keys the spec defaults, for a subject built with its own defaults
+        (which must be the spec's): each such key the declared config space allows at its default."""
+        space = dict(self.config_space)
+        return {name: value for name, value in config.items()
+                if name not in SPEC_DEFAULTS or SPEC_DEFAULTS[name] not in space.get(name, [SPEC_DEFAULTS[name]])}
 
     def prompt(self, data) -> list:
         """A cut of a shared prefix or of an earlier sequence, plus a few new tokens: cache hits,

@@ -62,7 +62,7 @@ class StepResult:
 
 
 class KVSpec:
-    capabilities = frozenset({"fork", "prefix_caching", "swap", "complete_cache"})
+    capabilities = frozenset({"fork", "prefix_caching", "swap", "complete_cache", "spec_defaults"})
 
     def __init__(self, num_blocks: int, block_size: int, *, num_cpu_blocks: int = 0,
                  prefix_caching: bool = False):

@@ -76,7 +76,7 @@ def _locked(method):
 
 
 class BlockManager:
-    capabilities = frozenset({"fork", "prefix_caching", "swap", "complete_cache"})
+    capabilities = frozenset({"fork", "prefix_caching", "swap", "complete_cache", "spec_defaults"})
 
     def __init__(self, num_blocks: int, block_size: int, *, num_cpu_blocks: int = 0,
                  prefix_caching: bool = False, device="cpu", max_seqs: int = 256,

@@ -3,6 +3,7 @@
 from collections import Counter
 
 import pytest
+from hypothesis import Phase
 
 import bug_zoo
 from pagedkv.fuzz.campaign import check
@@ -10,6 +11,7 @@ from pagedkv.fuzz.harness import ConfigSpaceError, Conformance, machine_for, rep
 from pagedkv.fuzz.oracles import OracleFailure
 from pagedkv.fuzz.subjects import Subject
 from pagedkv.fuzz.testing import ConformanceFailure, conformance_test, run_conformance
+from pagedkv.impl import BlockManager
 from pagedkv.spec import InvalidState, KVSpec, OutOfBlocks, blocks_needed
 
 CONFIG = {"num_blocks": 3, "block_size": 2, "prefix_caching": True, "num_cpu_blocks": 2}
@@ -311,3 +313,22 @@ def test_a_duplicate_add_that_also_does_not_fit_may_raise_either_error_under_any
     with pytest.raises(OracleFailure) as caught:
         replay(CapacityBeforeIds, config, program, policy="spec")
     assert caught.value.oracle == "id_errors"
+
+
+
+class DefaultCpuPool(BlockManager):
+    """The issue-18 mutant the harness once missed: the allocator's CPU pool defaults to 1 block, the
+    spec's to none."""
+
+    def __init__(self, num_blocks, block_size, *, num_cpu_blocks=1, prefix_caching=False, **options):
+        super().__init__(num_blocks, block_size, num_cpu_blocks=num_cpu_blocks, prefix_caching=prefix_caching,
+                         **options)
+
+
+@pytest.mark.parametrize("policy", ["spec", "any"])
+def test_a_subject_declaring_spec_defaults_is_built_with_them_and_held_to_them(policy):
+    # (BlockManager itself, which declares spec_defaults, passes the conformance check of `pagedkv check`.)
+    subject = Subject("test:DefaultCpuPool", DefaultCpuPool, DefaultCpuPool.capabilities)
+    _, failure = check(subject, "ci", policy=policy, phases=[Phase.generate])   # found, not shrunk
+    assert failure["oracle"] == "oom_exact" and "missing OutOfBlocks" in failure["message"]
+    assert "num_cpu_blocks" not in failure["config"]   # built with its own default, which is not the spec's
