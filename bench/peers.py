@@ -56,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from allocator import SimpleEngineBooks  # noqa: E402  (a sibling script, not a package)
 
 CONTEXT = 1000
+CALLS_PER_REP = 20   # add + free and lookup calls timed per repetition and side (medians of 60 by default)
 ARRAY_NOTE = " (pagedkv given an int64 array)"
 
 
@@ -190,7 +191,7 @@ def add_free_rows(length: int, caching: bool, cached: bool, args, rng, as_array:
         side.add(0, fixed)
         side.free(0)
     times = {side.name: [] for side in sides}
-    for rep in range(args.reps * 5):
+    for rep in range(args.reps * CALLS_PER_REP):
         tokens = fixed if cached else prompt(rng, length)
         for side in sides:
             given = np.array(tokens, dtype=np.int64) if as_array and side.name == PagedkvSide.name else tokens
@@ -210,7 +211,7 @@ def lookup_rows(length: int, args, rng, as_array: bool = False) -> dict:
     given = np.array(tokens, dtype=np.int64) if as_array else tokens
     assert vllm.lookup(request) == paged.lookup(given) == (length - 1) // B * B, "both must hit every full block"
     times = {vllm.name: [], paged.name: []}
-    for _ in range(args.reps * 5):
+    for _ in range(args.reps * CALLS_PER_REP):
         times[vllm.name].append(timed(lambda: vllm.lookup(request)))
         times[paged.name].append(timed(lambda: paged.lookup(given)))
     return {name: statistics.median(t) for name, t in times.items()}

@@ -46,13 +46,14 @@ def plain_seq_ids(seq_ids) -> list:
 
 
 def check_prompt(tokens) -> np.ndarray:
-    """The prompt as a fresh int64 array, once every token is known to be an int in range: a list
-    or tuple of ints, or a 1-d integer numpy array or tensor (checked in a few vectorised passes,
-    where a list costs a pass over Python objects per check)."""
+    """The prompt as an int64 array, once every token is known to be an int in range: a list or
+    tuple of ints, or a 1-d integer numpy array or tensor (checked in a few vectorised passes; a
+    list in one C pass when it can be). An int64 array comes back as itself: the manager only
+    reads it during the call."""
     if isinstance(tokens, (np.ndarray, torch.Tensor)):
         array = check_token_batch(tokens)
         require(len(array) > 0, "a prompt has at least one token")
-        return array if array is not tokens else array.copy()
+        return array
     if not (isinstance(tokens, (list, tuple)) and len(tokens) > 0):
         raise InvalidArgument(f"a prompt is a non-empty list of tokens, got {_short(tokens)}")
     array = _small_plain_ints(tokens)
@@ -96,7 +97,7 @@ def check_token_batch(tokens) -> np.ndarray:
             negative = tokens.dtype.kind == "i" and tokens.min() < 0
             if negative or (tokens.dtype == np.uint64 and tokens.max() > MAX_TOKEN):
                 raise InvalidArgument("tokens are ints in 0..2**63-1")
-        return tokens.astype(np.int64)
+        return tokens.astype(np.int64, copy=False)
     require(isinstance(tokens, (list, tuple)), f"tokens must be a list, got {type(tokens).__name__}")
     array = _small_plain_ints(tokens)
     if array is not None:

@@ -527,8 +527,9 @@ class BlockManager:
             self.pool.share(hits)
         fresh = self.pool.take(needed)
         cached = len(hits) * B
-        written = np.zeros(needed * B, dtype=np.int64)
-        written[:len(tokens) - cached] = tokens[cached:]
+        written = tokens[cached:]   # what the fresh blocks hold, the last one padded with zeros
+        if len(written) < needed * B:
+            written = np.concatenate([written, np.zeros(needed * B - len(written), dtype=np.int64)])
         self._write_blocks(fresh, written.reshape(needed, B))
         table = np.concatenate([np.asarray(hits, dtype=np.int64), fresh]) if hits else fresh
         self.rows.set_table(row, table)   # a row `add` or `resume` saved
@@ -543,7 +544,7 @@ class BlockManager:
         """`block_tokens[blocks] = contents` (C-ordered int64 [len(blocks), B]), recorded."""
         items = self._block_items
         self.journal.undo.append((items.__setitem__, (blocks, items.take(blocks))))
-        items[blocks] = contents.view(items.dtype).reshape(len(blocks))
+        items[blocks] = np.ascontiguousarray(contents).view(items.dtype).reshape(len(blocks))
 
     def _fill_cache(self, table: list, first: int, stop: int) -> None:
         """Record blocks first..stop-1 of a table, all just filled, in the prefix cache in order."""

@@ -67,3 +67,16 @@ def test_long_plain_lists_are_stored_as_given(tokens):
     bm.add(1, tokens)
     assert bm.tokens(1) == tokens
     assert bm.cached_prefix_tokens(tokens) == 0
+
+
+@settings(max_examples=50, deadline=None, derandomize=True)
+@given(st.lists(st.integers(0, 2 ** 40), min_size=1, max_size=70), st.integers(1, 3))
+def test_a_strided_array_prompt_is_stored_as_its_values(tokens, stride):
+    """An array given without a copy (a view with a stride) is read, not kept: changing it after
+    the call changes nothing."""
+    backing = np.zeros(len(tokens) * stride, dtype=np.int64)
+    backing[::stride] = tokens
+    bm = BlockManager(200, 4)
+    bm.add(1, backing[::stride])
+    backing[:] = 7
+    assert bm.tokens(1) == tokens
