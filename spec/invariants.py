@@ -12,7 +12,7 @@ from .errors import InvariantViolation
 
 def conservation(kv) -> list:
     """Every GPU block is exactly one of free, evictable, live (ref count > 0); evictable blocks are
-    in the prefix index and free ones are not; every CPU block is exactly one of free or held by one
+    in the prefix index and free ones are not, and hold no KV; every CPU block is exactly one of free or held by one
     swapped sequence; no free, evictable or held id lies outside its pool."""
     problems = []
     free, evictable = list(kv.free_queue), list(kv.evictable)
@@ -24,10 +24,13 @@ def conservation(kv) -> list:
     for block in evictable:
         if block not in kv.block_key:
             problems.append(f"evictable block {block} is not in the prefix index")
-    # A free block is handed out and overwritten next: an index entry would serve its old prefix.
+    # A free block is handed out and overwritten next: an index entry would serve its old prefix,
+    # and KV left in it would be read as the new sequence's wherever it has not written yet.
     for block in free:
         if block in kv.block_key:
             problems.append(f"free block {block} is in the prefix index")
+        elif 0 <= block < kv.num_blocks and kv.slots[block] != kv._empty_block():
+            problems.append(f"free block {block} still holds KV")
     cpu_held = [b for seq in kv.seqs.values() for b in seq.cpu_block_table]
     cpu_homes = Counter(list(kv.cpu_free_queue) + cpu_held)
     for block in range(kv.num_cpu_blocks):

@@ -19,6 +19,7 @@ CLAUSES = {
     "gpu homes": ("conservation", r"gpu block \d+ is in \d+ of free/evictable/live"),
     "evictable unindexed": ("conservation", r"evictable block \d+ is not in the prefix index"),
     "free indexed": ("conservation", r"free block \d+ is in the prefix index"),
+    "free holds KV": ("conservation", r"free block \d+ still holds KV"),
     "cpu homes": ("conservation", r"cpu block \d+ is in \d+ of free/held"),
     "gpu id outside": ("conservation", r"gpu block id -?\d+ outside the pool is free or evictable"),
     "cpu id outside": ("conservation", r"cpu block id -?\d+ outside the pool is free or held"),
@@ -79,6 +80,13 @@ def rekey(kv: KVSpec, block: int, key: tuple) -> None:
     kv.holders.setdefault(key, set()).add(block)
 
 
+def release_to_free(kv: KVSpec, block: int) -> None:
+    """An unindexed block nobody holds any more goes where release puts it: wiped, free."""
+    kv.ref_count[block] = 0
+    kv.slots[block] = [None] * kv.block_size
+    kv.free_queue.append(block)
+
+
 def unindex(kv: KVSpec, block: int) -> None:
     key = kv.block_key.pop(block)
     kv.holders[key].discard(block)
@@ -103,6 +111,10 @@ def index_free_block(kv):
     rekey(kv, block, key)
 
 
+def leave_kv_in_a_free_block(kv):
+    kv.slots[kv.free_queue[0]][0] = KV((), 0)
+
+
 def free_a_held_cpu_block(kv):
     kv.cpu_free_queue.append(sequence_in(kv, "swapped").cpu_block_table[0])
 
@@ -121,16 +133,14 @@ def repeat_a_block_in_a_table(kv):
     seq = private_tail(kv)
     tail = seq.block_table[-1]
     seq.block_table[-1] = seq.block_table[0]
-    kv.ref_count[tail] = 0
-    kv.free_queue.append(tail)
+    release_to_free(kv, tail)
 
 
 def table_names_an_id_outside_the_pool(kv):
     seq = private_tail(kv)
     tail = seq.block_table[-1]
     seq.block_table[-1] = kv.num_blocks
-    kv.ref_count[tail] = 0
-    kv.free_queue.append(tail)
+    release_to_free(kv, tail)
 
 
 def overcount_a_live_block(kv):
@@ -176,6 +186,7 @@ CORRUPTIONS = [
     Corruption("gpu homes", lose_free_block),
     Corruption("evictable unindexed", unindex_evictable),
     Corruption("free indexed", index_free_block),
+    Corruption("free holds KV", leave_kv_in_a_free_block),
     Corruption("cpu homes", free_a_held_cpu_block),
     Corruption("gpu id outside", free_an_id_outside_the_gpu_pool),
     Corruption("cpu id outside", free_an_id_outside_the_cpu_pool),
