@@ -300,9 +300,12 @@ def _leaves(group) -> list:
 def _reported(failures: list, found: list, started: float) -> dict:
     """The counterexample of one run: the shrunk one of the oracle that fired first, with `first` (that
     failure as found, before shrinking: oracle, message, program, steps, example number, seconds since
-    `started`) and `distinct` (every other oracle's shrunk counterexample, each a failure dict)."""
+    `started`) and `distinct` (every other distinct failure's shrunk counterexample, each a failure dict)."""
     first = found[0] if found else failures[0]
-    main = next((failure for failure in failures if failure["oracle"] == first["oracle"]), failures[0])
+    same = [failure for failure in failures if failure["oracle"] == first["oracle"]] or failures
+    # several of one oracle (crashes of different errors): the one whose message opens alike
+    main = next((failure for failure in same
+                 if failure["message"].partition(":")[0] == first["message"].partition(":")[0]), same[0])
     summary = {"oracle": first["oracle"], "message": first["message"], "program": first["program"],
                "steps": len(first["program"]), "examples": first.get("examples"),
                "seconds": round(first["at"] - started, 2) if "at" in first else None}

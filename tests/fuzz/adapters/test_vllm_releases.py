@@ -11,6 +11,7 @@ import time
 import pytest
 from hypothesis import Phase
 
+from pagedkv.fuzz import campaign
 from pagedkv.fuzz.adapters import vllm_v0
 from pagedkv.fuzz.campaign import Options, Result, check, report, run_campaign
 from pagedkv.fuzz.harness import replay
@@ -368,6 +369,20 @@ def test_the_report_names_the_first_failure_and_every_distinct_one():
     assert f"first failure: oracle {first['oracle']!r}" in text.getvalue()
     assert f"1 more distinct failure(s): {other}" in text.getvalue()
     assert text.getvalue().count("COUNTEREXAMPLE") == 2
+
+
+def test_the_report_leads_with_the_distinct_failure_that_came_first():
+    """vLLM 0.5.4's dev campaign: three crashes (KeyError in free, NoFreeBlocksError and IndexError in
+    swap_out), the KeyError first; the headline is the KeyError's shrunk program, not another crash's."""
+    def crash(message, steps):
+        return {"oracle": "crash", "message": message, "program": [["free", [1]]] * steps}
+    shrunk = [crash("swap_out raised IndexError: list index out of range", 9),
+              crash("swap_out raised NoFreeBlocksError: ", 4), crash("free raised KeyError: 2", 3)]
+    first = {**crash("free raised KeyError: 13", 18), "examples": 7, "at": 11.5}
+    reported = campaign._reported(shrunk, [first], started=10.0)
+    assert reported["message"] == "free raised KeyError: 2" and reported["distinct"] == shrunk[:2]
+    assert reported["first"] == {"oracle": "crash", "message": "free raised KeyError: 13", "program": first["program"],
+                                 "steps": 18, "examples": 7, "seconds": 1.5}
 
 
 def test_a_campaign_reports_the_first_failure_and_every_distinct_one(tmp_path):
