@@ -12,7 +12,7 @@ operator swapped, an integer constant moved by one, True/False or and/or swapped
 a statement deleted (an assignment, a call, a raise) or the first two arguments of a call swapped.
 Mutants are drawn with a fixed seed from every point of the chosen files, so a run is repeatable;
 known-equivalent mutants (no observable behaviour changes; bench/mutation_equivalent.json, each with
-its reason) stay in the draw, so listing one never changes which others are drawn, and are left out
+its reason and the commit it was judged on) stay in the draw, so listing one never changes which others are drawn, and are left out
 of the score.
 
 A mutant runs in an overlay: a temporary `pagedkv` package whose rooms are links to the measured
@@ -379,8 +379,20 @@ def run_mutant(mutant: Mutant, wanted, bench: Bench) -> Result:
 # ---------------------------------------------------------------- sampling, results file, report
 
 def load_equivalent() -> dict:
-    """ident -> why that mutant cannot change observable behaviour."""
-    return json.loads(EQUIVALENT_FILE.read_text())
+    """ident -> why that mutant cannot change observable behaviour. Each entry also names the commit
+    it was judged on: the code moves on, and a mutant whose point has gone stays checkable there."""
+    return {ident: entry["reason"] for ident, entry in json.loads(EQUIVALENT_FILE.read_text()).items()}
+
+
+def points_at(file: str, commit: str, root: Path = ROOT) -> list:
+    """The mutation points of `file` as it was at `commit` of `root`'s repository."""
+    shown = subprocess.run(["git", "-C", str(root), "show", f"{commit}:{file}"], capture_output=True, text=True)
+    if shown.returncode:
+        raise ValueError(f"{file} at {commit}: {shown.stderr.strip()}")
+    with tempfile.TemporaryDirectory(prefix="pagedkv-points-") as tmp:
+        (Path(tmp) / file).parent.mkdir(parents=True)
+        (Path(tmp) / file).write_text(shown.stdout)
+        return mutation_points(file, Path(tmp))
 
 
 def sample(files, count: int, seed: int, root: Path = ROOT) -> list:
