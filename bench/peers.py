@@ -184,7 +184,6 @@ def add_free_rows(length: int, caching: bool, cached: bool, args, rng, as_array:
     """Median seconds of add + free of one prompt: fresh each time, or one already cached. With
     `as_array`, pagedkv is given the prompt as an int64 numpy array (vLLM always a list)."""
     B = args.block_size
-    gc.collect()   # the earlier rows' garbage, once per row (never before a timed call)
     num_blocks = 2 * (-(-length // B)) + 8
     sides = [side(num_blocks, B, caching, 4, -(-length // B) + 1) for side in SIDES]
     fixed = prompt(rng, length)
@@ -202,7 +201,6 @@ def add_free_rows(length: int, caching: bool, cached: bool, args, rng, as_array:
 
 def lookup_rows(length: int, args, rng, as_array: bool = False) -> dict:
     B = args.block_size
-    gc.collect()   # the earlier rows' garbage, once per row (never before a timed call)
     num_blocks = -(-length // B) + 8
     vllm, paged = (side(num_blocks, B, True, 4, -(-length // B) + 1) for side in SIDES)
     tokens = prompt(rng, length)
