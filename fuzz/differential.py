@@ -392,6 +392,8 @@ class SchedulerMachine(TalliedMachine):
         for seq_id in self.timed(call_text("update", sampled), lambda: self.scheduler.update(sampled)):
             self.spec.free(seq_id)
             self.count("scheduler finished")
+        forgotten = set(self.scheduler.pending) - set(self.spec.seq_ids())
+        assert not forgotten, f"the scheduler keeps tokens pending for finished or aborted sequences {forgotten}"
         self.timed("check()", self.bm.check, record=False)
 
     @timed_check

@@ -311,3 +311,22 @@ def test_prompts_as_integer_arrays_act_as_lists(prompts, dtype):
                 pass
         assert state(as_list) == state(as_array)
     assert as_list.cached_prefix_tokens(prompts[0]) == as_array.cached_prefix_tokens(torch.tensor(prompts[0]))
+
+
+def test_a_rolled_back_addition_is_not_remembered_by_the_batch_memo():
+    # The batch memo keeps the rows of the last list object; a transaction that added 2, read the
+    # batch [0, 1, 2] and then failed is undone, so the same list names an unknown sequence again.
+    bm = BlockManager(8, 2)
+    bm.add(0, [1])
+    bm.add(1, [2])
+    ids = [0, 1, 2]
+
+    def add_read_and_fail():
+        bm.add(2, [3])
+        bm.block_tables(ids)
+        raise RuntimeError("fails after reading the batch")
+
+    with pytest.raises(RuntimeError):
+        bm.transaction(add_read_and_fail)
+    with pytest.raises(UnknownSequence):
+        bm.block_tables(ids)

@@ -229,3 +229,17 @@ def test_admission_heads_name_each_queue_head_and_whether_it_waits_for_blocks():
     scheduler = Scheduler(BlockManager(4, 2), SchedulerConfig(watermark=0.0))
     scheduler.add_request("big", [1, 2, 3, 4, 5], 5, n=2)
     assert scheduler.admission_heads() == [(2, 3)] and not scheduler.waits_for_blocks()
+
+
+def test_a_swapped_sequence_comes_back_once_its_blocks_and_its_pending_tokens_are_free():
+    bm = BlockManager(4, 2, num_cpu_blocks=8)
+    scheduler = Scheduler(bm, SWAP_CHEAP)
+    scheduler.add_request("a", [1, 2, 3], 2)   # 2 blocks; finishes with its second token
+    scheduler.add_request("b", [1, 2], 10)
+    scheduler.add_request("c", [5, 6], 10)
+    run_step(scheduler)                         # all three admitted: the 4 blocks are taken
+    out = run_step(scheduler)                   # b and c need a block each: c (latest) swaps out
+    assert out.swapped_out == [2] and out.decodes == [0, 1] and bm.num_free_blocks() == 2   # a finished
+    # c comes back on 1 block for its 1 CPU block plus 1 for its pending token: exactly the 2 free.
+    out = run_step(scheduler)
+    assert out.swapped_in == [2] and out.decodes == [1, 2] and bm.num_free_blocks() == 0
