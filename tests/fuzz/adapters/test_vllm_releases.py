@@ -20,7 +20,7 @@ from pagedkv.fuzz.subjects import Subject, resolve
 from pagedkv.spec import KVSpec, OutOfBlocks
 
 NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]
-#: The releases these tests run (their wheels: about 1.35 GB on a fresh machine, once).
+#: The releases these tests run (their wheels: about 1.6 GB on a fresh machine, once).
 USED = ("0.33.0", "0.6.4.post1", "0.6.6.post1", "0.7.0", "0.4.2", "0.4.3", "0.5.0.post1", "0.5.4", "0.5.5")
 
 

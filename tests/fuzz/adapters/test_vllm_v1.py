@@ -276,6 +276,7 @@ def test_stale_index_entry_caught_by_its_program_and_correct_vllm_passes_it():
 
 
 def test_correct_vllm_passes_the_ci_profile():
+    """With its declarations, `kv_events` included: the KV-event and index oracles run on every step."""
     tally, failure = check(resolve("vllm"), "ci", "any", phases=NO_SHRINK)
     assert failure is None, f"{failure['oracle']}: {failure['message']}\n" + "\n".join(failure["trace"])
     assert tally["examples"] >= 100 and tally["cache_hit"] and tally["out_of_blocks"] and tally["eviction"]
