@@ -3,6 +3,7 @@ from their wheels (installed into pagedkv's wheel cache on first use; nothing is
 fails), each buggy release caught by the ci profile under `--policy any`, each fixed one passing a
 dev-profile run (the `slow` tests at the end; .ci/run runs them as their own step)."""
 
+import contextlib
 import io
 import json
 import re
@@ -110,6 +111,13 @@ def bmv2(version, num_blocks, block_size, num_cpu_blocks=0, prefix_caching=True)
                                     num_cpu_blocks=num_cpu_blocks)
 
 
+def replay_declared(make, config, program, fails_with=None):
+    """Replay `program` on factory `make` under policy `any`, with what the factory declares: it must
+    fail with an OracleFailure matching `fails_with` (a regex), or pass when that is None."""
+    with pytest.raises(OracleFailure, match=fails_with) if fails_with else contextlib.nullcontext():
+        replay(make, config, program, policy="any", capabilities=make.capabilities)
+
+
 def test_block_manager_v2_declarations():
     assert vllm_v0.release("0.5.0.post1").capabilities == {"fork", "prefix_caching", "swap", "swap_sharing",
                                                            "conservative_admission", "dedup_on_fill"}
@@ -165,11 +173,8 @@ STALE_HIT = ({"num_blocks": 2, "block_size": 9, "prefix_caching": True, "num_cpu
 def test_stale_computed_block_served_as_a_hit_until_fixed(version, buggy):
     make = vllm_v0.release(version)
     config, program = STALE_HIT
-    if buggy:
-        with pytest.raises(OracleFailure, match=r"\[cache_hit\] add\(2\) serves block 1 for prompt block 0"):
-            replay(make, config, program, policy="any", capabilities=make.capabilities)
-    else:
-        replay(make, config, program, policy="any", capabilities=make.capabilities)
+    replay_declared(make, config, program,
+                    fails_with=r"\[cache_hit\] add\(2\) serves block 1 for prompt block 0" if buggy else None)
 
 
 #: vLLM #4764: a block taken back from the evictor stays in the allocator's cached-block map. Seq 2's
@@ -185,11 +190,8 @@ EVICTOR_KEEPS_HASH = ({"num_blocks": 3, "block_size": 2, "prefix_caching": True,
 def test_block_from_the_evictor_left_in_the_cache_map_until_fixed(version, buggy):
     make = vllm_v0.release(version)
     config, program = EVICTOR_KEEPS_HASH
-    if buggy:
-        with pytest.raises(OracleFailure, match=r"\[crash\] add raised AssertionError"):
-            replay(make, config, program, policy="any", capabilities=make.capabilities)
-    else:
-        replay(make, config, program, policy="any", capabilities=make.capabilities)
+    replay_declared(make, config, program,
+                    fails_with=r"\[crash\] add raised AssertionError" if buggy else None)
 
 
 #: vLLM #6849: `get_num_blocks_touched` counts a full block whose content is cached as needing no
@@ -204,11 +206,8 @@ SWAP_IN_OVERCOUNT = ({"num_blocks": 3, "block_size": 2, "prefix_caching": True, 
 def test_swap_in_admitted_on_a_double_counted_block_until_fixed(version, buggy):
     make = vllm_v0.unstamped(version)   # 0.5.5 refuses the swap-in: seq 1 is freed swapped out (KeyError)
     config, program = SWAP_IN_OVERCOUNT
-    if buggy:
-        with pytest.raises(OracleFailure, match=r"\[crash\] swap_in raised NoFreeBlocksError"):
-            replay(make, config, program, policy="any", capabilities=make.capabilities)
-    else:
-        replay(make, config, program, policy="any", capabilities=make.capabilities)
+    replay_declared(make, config, program,
+                    fails_with=r"\[crash\] swap_in raised NoFreeBlocksError" if buggy else None)
 
 
 def test_dedup_on_fill_shares_the_cached_block_not_the_copy_target():
@@ -232,7 +231,7 @@ def test_dedup_on_fill_is_accepted_when_declared_and_only_then():
     make = vllm_v0.release("0.5.0.post1")
     config = {"num_blocks": 6, "block_size": 2, "prefix_caching": True, "num_cpu_blocks": 0}
     program = [["add", [1, [1, 2, 3]]], ["free", [1]], ["add", [2, [1]]], ["fork", [2, 3]], ["append", [3, 2]]]
-    replay(make, config, program, policy="any", capabilities=make.capabilities)
+    replay_declared(make, config, program)
     with pytest.raises(OracleFailure, match=r"\[cow_exact\]"):
         replay(make, config, program, policy="any", capabilities=make.capabilities - {"dedup_on_fill"})
 
@@ -253,7 +252,7 @@ GPU_SHARED = ({"num_blocks": 2, "block_size": 1, "prefix_caching": True, "num_cp
 @pytest.mark.parametrize("config, program", [CPU_SHARED, GPU_SHARED], ids=["cpu", "gpu"])
 def test_swap_sharing_is_accepted_when_declared_and_only_then(version, config, program):
     make = vllm_v0.unstamped(version)   # the closing free of a swapped-out sequence: its KeyError (below)
-    replay(make, config, program, policy="any", capabilities=make.capabilities)
+    replay_declared(make, config, program)
     with pytest.raises(OracleFailure, match=r"\[oom_exact\] missing OutOfBlocks"):
         replay(make, config, program, policy="any", capabilities=make.capabilities - {"swap_sharing"})
 
@@ -268,7 +267,7 @@ def test_undeclared_swap_sharing_fails_where_the_counts_fit_too(config, program)
     """With room to spare no count is off: an undeclared subject that shares on swap is still caught,
     by `swap_exact`, naming the declaration."""
     make = vllm_v0.unstamped("0.5.5")
-    replay(make, config, program, policy="any", capabilities=make.capabilities)
+    replay_declared(make, config, program)
     with pytest.raises(OracleFailure, match=r"\[swap_exact\] swap_(out|in)\([12]\) maps block 0 onto .* block \d, "
                                             r"which another sequence holds \(sharing on swap needs"):
         replay(make, config, program, policy="any", capabilities=make.capabilities - {"swap_sharing"})
@@ -317,13 +316,10 @@ FREE_SWAPPED = ({"num_blocks": 4, "block_size": 2, "prefix_caching": True, "num_
 def test_free_of_a_swapped_out_sequence_raises_from_0_5_1(version, buggy):
     make = vllm_v0.release(version)
     config, program = FREE_SWAPPED
-    if buggy:
-        with pytest.raises(OracleFailure, match=r"\[crash\] free raised KeyError: \d+"):
-            replay(make, config, program, policy="any", capabilities=make.capabilities)
-    else:
-        replay(make, config, program, policy="any", capabilities=make.capabilities)
+    replay_declared(make, config, program,
+                    fails_with=r"\[crash\] free raised KeyError: \d+" if buggy else None)
     unstamped = vllm_v0.unstamped(version)   # without the scheduler's stamps the path is never reached
-    replay(unstamped, config, program, policy="any", capabilities=unstamped.capabilities)
+    replay_declared(unstamped, config, program)
 
 
 def test_unstamped_is_only_for_v0_releases():
@@ -420,11 +416,8 @@ def test_block_objects_of_a_freed_swapped_sequence_land_in_the_wrong_pool_from_0
     config = {"num_blocks": 8, "block_size": 1, "prefix_caching": caching, "num_cpu_blocks": 1}
     program = ([["add", [seq, [seq]]] for seq in range(1, 6)]
                + [["swap_out", [5]], ["free", [5]], ["add", [6, [6]]], ["swap_out", [6]]])
-    if buggy:
-        with pytest.raises(OracleFailure, match=r"\[crash\] swap_out raised IndexError: list index out of range"):
-            replay(make, config, program, policy="any", capabilities=make.capabilities)
-    else:
-        replay(make, config, program, policy="any", capabilities=make.capabilities)
+    replay_declared(make, config, program,
+                    fails_with=r"\[crash\] swap_out raised IndexError: list index out of range" if buggy else None)
 
 
 def fixed(version: str) -> Subject:
