@@ -169,7 +169,6 @@ class VllmV1Subject:
         utils, spec, request = (modules["vllm.v1.core.kv_cache_utils"], modules["vllm.v1.kv_cache_interface"],
                                 modules["vllm.v1.request"])
         self._Request, self._status = request.Request, request.RequestStatus
-        self._events = modules["vllm.distributed.kv_events"]
         self._sampling = modules["vllm.v1.request"].SamplingParams
         hash_fn = modules["vllm.utils.hashing"].get_hash_fn_by_name("sha256")
         utils.init_none_hash(hash_fn)  # vLLM's engine core does this once per process, before hashing
@@ -236,18 +235,12 @@ class VllmV1Subject:
 
     def kv_events(self) -> list:
         """The block pool's events since the last call (`KVCacheManager.take_events`), as the kit's records."""
-        return [self._event(event) for event in self.manager.take_events()]
+        return [kit_event(self._engine, event) for event in self.manager.take_events()]
 
     def cache_index(self) -> dict:
-        """vLLM's hash index (`BlockPool.cached_block_hash_to_block`; its map has no public iteration),
-        keyed as its events key it: the block hash without the group id, the engine's external form."""
-        utils = self._engine["vllm.v1.core.kv_cache_utils"]
-        index = {}
-        for key, blocks in self.manager.block_pool.cached_block_hash_to_block._cache.items():
-            blocks = blocks.values() if isinstance(blocks, dict) else [blocks]
-            external = utils.maybe_convert_block_hash(utils.get_block_hash(key))
-            index.setdefault(external, []).extend(block.block_id - 1 for block in blocks)
-        return index
+        """vLLM's hash index, keyed as its events key it, in the protocol's block ids."""
+        return {key: [block - 1 for block in blocks]
+                for key, blocks in hash_index(self._engine, self.manager.block_pool).items()}
 
     # ------------------------------------------------------------------ helpers
 
@@ -272,23 +265,40 @@ class VllmV1Subject:
             raise AssertionError(f"vLLM holds blocks for request {seq_id}, which was never scheduled")
         self.manager.free(request)
 
-    def _event(self, event):
-        kinds = self._events
-        if isinstance(event, kinds.BlockStored):
-            return events.BlockStored(tuple(event.block_hashes), event.parent_block_hash, tuple(event.token_ids),
-                                      event.block_size)
-        if isinstance(event, kinds.BlockRemoved):
-            return events.BlockRemoved(tuple(event.block_hashes))
-        if isinstance(event, kinds.AllBlocksCleared):
-            return events.AllBlocksCleared()
-        raise TypeError(f"vLLM published an event the kit does not know: {event!r}")
-
     @staticmethod
     def _take_back_token(request, hashes: int) -> None:
         """Undo `append_output_token_ids` of one token (vLLM's scheduler would preempt instead)."""
         request._output_token_ids.pop()
         request._all_token_ids.pop()
         del request.block_hashes[hashes:]
+
+
+def kit_event(modules, event):
+    """One of vLLM's KV-cache events (`vllm.distributed.kv_events`) as the kit's record (fuzz/events.py)."""
+    kinds = modules["vllm.distributed.kv_events"]
+    if isinstance(event, kinds.BlockStored):
+        return events.BlockStored(tuple(event.block_hashes), event.parent_block_hash, tuple(event.token_ids),
+                                  event.block_size)
+    if isinstance(event, kinds.BlockRemoved):
+        return events.BlockRemoved(tuple(event.block_hashes))
+    if isinstance(event, kinds.AllBlocksCleared):
+        return events.AllBlocksCleared()
+    raise TypeError(f"vLLM published an event the kit does not know: {event!r}")
+
+
+def hash_index(modules, pool, group: int = None) -> dict:
+    """vLLM's hash index (`BlockPool.cached_block_hash_to_block`; its map has no public iteration) as
+    key -> vLLM block ids, keyed as its events key it (the block hash without the group id, the
+    engine's external form); only KV-cache group `group`'s entries when given."""
+    utils = modules["vllm.v1.core.kv_cache_utils"]
+    index = {}
+    for key, blocks in pool.cached_block_hash_to_block._cache.items():
+        if group is not None and utils.get_group_id(key) != group:
+            continue
+        blocks = blocks.values() if isinstance(blocks, dict) else [blocks]
+        external = utils.maybe_convert_block_hash(utils.get_block_hash(key))
+        index.setdefault(external, []).extend(block.block_id for block in blocks)
+    return index
 
 
 def _float32():

@@ -207,7 +207,7 @@ def big_group_after_decode(fixed: bool):
     modules, manager, hasher = two_group_manager()
     if fixed:
         refuse_covered_partial_keys(manager.block_pool)
-    request_module, utils = modules["vllm.v1.request"], modules["vllm.v1.core.kv_cache_utils"]
+    request_module = modules["vllm.v1.request"]
     request = request_module.Request(request_id="1", prompt_token_ids=[1, 2, 3, 4, 5, 6, 7],
                                      sampling_params=request_module.SamplingParams(max_tokens=8),
                                      pooling_params=None, block_hasher=hasher)
@@ -224,21 +224,10 @@ def big_group_after_decode(fixed: bool):
             request.append_output_token_ids(token)
             assert manager.allocate_slots(request, 1) is not None
             request.num_computed_tokens += 1
-    kinds = modules["vllm.distributed.kv_events"]
     for event in manager.take_events():
-        if getattr(event, "group_idx", 0) != 0:
-            continue
-        if isinstance(event, kinds.BlockStored):
-            mirror.apply(events.BlockStored(tuple(event.block_hashes), event.parent_block_hash,
-                                            tuple(event.token_ids), event.block_size))
-        elif isinstance(event, kinds.BlockRemoved):
-            mirror.apply(events.BlockRemoved(tuple(event.block_hashes)))
-    index = {}
-    for key, held in manager.block_pool.cached_block_hash_to_block._cache.items():
-        if utils.get_group_id(key) == 0:
-            held = held.values() if isinstance(held, dict) else [held]
-            index[utils.maybe_convert_block_hash(utils.get_block_hash(key))] = [block.block_id for block in held]
-    return mirror, index
+        if getattr(event, "group_idx", 0) == 0:   # the adapter's translation, for the big group's events
+            mirror.apply(vllm_v1.kit_event(modules, event))
+    return mirror, vllm_v1.hash_index(modules, manager.block_pool, group=0)
 
 
 def test_vllm_0_33_names_a_filled_block_by_a_stale_partial_key():
