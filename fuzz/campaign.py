@@ -33,6 +33,7 @@ from urllib.parse import unquote, urlsplit
 
 from hypothesis import Phase, Verbosity, seed as hypothesis_seed
 from hypothesis.database import DirectoryBasedExampleDatabase
+from hypothesis.errors import Flaky
 from hypothesis.stateful import run_state_machine_as_test
 
 from .guard import DEFAULT_TIMEOUT, Deadline, GuardedFactory
@@ -278,18 +279,31 @@ def run_once(subject, settings, tally: Counter, seed: int = None, call_timeout: 
             run_state_machine_as_test(machine, settings=settings)
     except OracleFailure as failure:
         return _reported([_failure(failure)], found, started)
-    except BaseExceptionGroup as group:   # several distinct oracles fired (or a flaky subject: below)
-        failures, other = group.split(OracleFailure)
-        if other is None:
-            return _reported([_failure(leaf) for leaf in _leaves(failures)], found, started)
-        return {"oracle": type(group).__name__, "message": str(group), "config": {}, "program": [],
-                "trace": [], "state": {}}
+    except BaseExceptionGroup as group:   # several distinct failures; a FlakyFailure is a group too
+        flaky, (failures, others) = _flaky(group), group.split(OracleFailure)
+        if flaky or others is not None:   # the run itself failed: that comes first
+            return _run_failed(flaky or _leaves(others)[0])
+        return _reported([_failure(leaf) for leaf in _leaves(failures)], found, started)
     except unittest.SkipTest:  # a replay-only run over an empty database: nothing to replay
         return None
-    except Exception as error:  # not an oracle: Hypothesis itself (flaky subject) or a harness bug
-        return {"oracle": type(error).__name__, "message": str(error), "config": {}, "program": [],
-                "trace": [], "state": {}}
+    except Exception as error:
+        return _run_failed(error)
     return None
+
+
+def _run_failed(error: BaseException) -> dict:
+    """Not an oracle: Hypothesis itself (a flaky subject) or a harness bug, named by its type."""
+    return {"oracle": type(error).__name__, "message": str(error), "config": {}, "program": [], "trace": [],
+            "state": {}}
+
+
+def _flaky(error):
+    """The first Hypothesis `Flaky` in `error`'s tree, or None: a subject that failed once and not on
+    replay (its counterexample cannot be trusted to reproduce), whichever oracle it fired."""
+    if isinstance(error, Flaky):
+        return error
+    nested = error.exceptions if isinstance(error, BaseExceptionGroup) else ()
+    return next(filter(None, map(_flaky, nested)), None)
 
 
 def _leaves(group) -> list:

@@ -10,9 +10,11 @@ import xml.etree.ElementTree as ET
 
 import pytest
 from click.testing import CliRunner
+from hypothesis.errors import FlakyFailure
 
 import bug_zoo
 from pagedkv.cli.fuzz import fuzz as fuzz_command
+from pagedkv.fuzz import campaign as campaign_module
 from pagedkv.fuzz.campaign import (REGRESSION_TEST, Options, RegularFilesDatabase, UsageError, check, checked,
                                    drop_needless_steps, open_database, replay_guarded, replay_regression, run_campaign)
 from pagedkv.fuzz.oracles import OracleFailure
@@ -334,6 +336,43 @@ def test_a_call_that_never_returns_is_reported_not_waited_for(crashes):
     failure = campaign(crashes, target="crashing_subjects:SpinsOnAppend", call_timeout=0.1)["failure"]
     assert failure["oracle"] == "timeout" and failure["message"] == "append did not return within 0.1 s"
     assert failure["program"][-1][0] == "append"
+
+
+class MiscountsOnce(bug_zoo.Reference):
+    """The free count is one short on the first call of all (of any instance), right afterwards: an
+    oracle fires once and never on replay, as from a subject whose behaviour depends on outside state."""
+
+    calls = 0
+
+    def num_free_blocks(self):
+        MiscountsOnce.calls += 1
+        return super().num_free_blocks() - (MiscountsOnce.calls == 1)
+
+
+def test_a_flaky_subject_is_reported_as_flaky_not_as_the_oracle_it_fired_once(monkeypatch):
+    monkeypatch.setattr(MiscountsOnce, "calls", 0)
+    subject = Subject("test:MiscountsOnce", MiscountsOnce, MiscountsOnce.capabilities)
+    _, failure = check(subject, "ci")
+    assert failure["oracle"] == "FlakyFailure" and "OracleFailure[free_count]" in failure["message"]
+
+
+ONE_SHORT = OracleFailure("free_count", "one short", {})
+
+
+@pytest.mark.parametrize("besides, reported", [
+    (KeyError("harness bug"), ("KeyError", "'harness bug'")),
+    (FlakyFailure("Falsified on the first call but did not on a subsequent one", [ONE_SHORT]),
+     ("FlakyFailure", "Falsified on the first call but did not on a subsequent one (1 sub-exception)")),
+], ids=["harness error", "flaky oracle"])
+def test_a_run_that_fails_besides_its_oracles_reports_the_run_failing(monkeypatch, besides, reported):
+    """Hypothesis groups every distinct failure: an error of the harness, or an oracle that fired once
+    and not on replay, among the oracle findings is named by its type and message (not hidden behind
+    the findings, nor behind the group's own message)."""
+    def failing(machine, settings):
+        raise ExceptionGroup("Hypothesis found 2 distinct failures.", [ONE_SHORT, besides])
+    monkeypatch.setattr(campaign_module, "run_state_machine_as_test", failing)
+    _, failure = check(resolve("spec"), "ci")
+    assert (failure["oracle"], failure["message"]) == reported
 
 
 # ---------------------------------------------------------------------- where modules come from
