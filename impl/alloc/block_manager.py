@@ -516,14 +516,14 @@ class BlockManager:
         B = self.block_size
         hits = self.cache.lookup(tokens, (len(tokens) - 1) // B) if self.cache else []
         needed = blocks_needed(len(tokens), B) - len(hits)
-        available = self.pool.num_free() - (np.count_nonzero(self.pool.ref_count[hits] == 0) if hits else 0)
+        available = self.pool.num_free() - (np.count_nonzero(self.pool.ref_count[hits] == 0) if len(hits) else 0)
         if needed > available:
             raise OutOfBlocks(needed, available)
         return hits, needed
 
     def _place_prompt(self, row: int, tokens: np.ndarray, hits: list, needed: int) -> None:
         B, journal = self.block_size, self.journal
-        if hits:
+        if len(hits):
             self.pool.share(hits)
         fresh = self.pool.take(needed)
         cached = len(hits) * B
@@ -531,7 +531,7 @@ class BlockManager:
         if len(written) < needed * B:
             written = np.concatenate([written, np.zeros(needed * B - len(written), dtype=np.int64)])
         self._write_blocks(fresh, written.reshape(needed, B))
-        table = np.concatenate([np.asarray(hits, dtype=np.int64), fresh]) if hits else fresh
+        table = np.concatenate([np.asarray(hits, dtype=np.int64), fresh]) if len(hits) else fresh
         self.rows.set_table(row, table)   # a row `add` or `resume` saved
         self.rows.seq_len[row] = len(tokens)
         self._make_running(row)

@@ -65,16 +65,17 @@ class PrefixCache:
         """Which of these blocks are indexed (a bool array)."""
         return self.block_node[blocks] != NONE
 
-    def lookup(self, tokens: np.ndarray, max_blocks: int) -> list:
+    def lookup(self, tokens: np.ndarray, max_blocks: int) -> np.ndarray:
         """The lowest-numbered holder of each leading full block of an int64 prompt, at most
-        `max_blocks` of them, up to the first prefix that nobody holds."""
+        `max_blocks` of them, up to the first prefix that nobody holds (an int64 array: the
+        manager indexes its pool arrays with it)."""
         if max_blocks <= 0:
-            return []
+            return np.empty(0, dtype=np.int64)
         rows = tokens[:max_blocks * self.block_tokens.shape[1]].reshape(max_blocks, -1)
         keys = self.keys.chain(ROOT, self.keys.block_hashes(rows))
         names = dict_keys(keys)
         if names[0] not in self.by_key:   # a new prompt: not even its first block is indexed
-            return []
+            return np.empty(0, dtype=np.int64)
         found = self._probe(names)
         previous = np.concatenate(([NONE], found[:-1]))
         safe = np.maximum(found, 0)
@@ -84,9 +85,10 @@ class PrefixCache:
         if not np.array_equal(held, rows):   # one pass when every block hits (the common case)
             confirmed &= (held == rows).all(axis=1)
         hits = int(np.argmin(confirmed)) if not confirmed.all() else max_blocks
-        served = holders[:hits].tolist()
+        served = holders[:hits]
         if hits < max_blocks and found[hits] != NONE and self.collided:
-            self._lookup_sequentially(served, names, rows, hits, int(found[hits - 1]) if hits else NONE)
+            more = self._lookup_sequentially(names, rows, hits, int(found[hits - 1]) if hits else NONE)
+            served = np.concatenate((served, np.array(more, dtype=np.int64)))
         return served
 
     def _probe(self, names: list) -> np.ndarray:
@@ -98,14 +100,16 @@ class PrefixCache:
                 pass
         return np.fromiter(map(self.by_key.get, names, repeat(NONE)), np.int64, len(names))
 
-    def _lookup_sequentially(self, served: list, names: list, rows, start: int, parent: int) -> None:
-        """Go on from block `start` one candidate list at a time (a key is shared)."""
+    def _lookup_sequentially(self, names: list, rows, start: int, parent: int) -> list:
+        """The hits from block `start` on, one candidate list at a time (a key is shared)."""
+        served = []
         for name, row in zip(names[start:], rows[start:]):
             node = self._find(name, parent, row)
             if node == NONE or self.node_holder[node] == NONE:
-                return
+                break
             served.append(int(self.node_holder[node]))
             parent = node
+        return served
 
     # ---------------------------------------------------------------- fill
 

@@ -101,7 +101,7 @@ def run_step(subject: Subject, kind: str, rng) -> None:
         base = subject.model[rng.choice(indexed)] if indexed else ()
         prompt = base + tuple((rng.randint(0, 1), rng.randint(0, 1)) for _ in range(rng.randint(0, 2)))
         flat = np.array([t for pair in prompt for t in pair] + [0], dtype=np.int64)
-        assert subject.cache.lookup(flat, len(prompt)) == subject.expected_hits(prompt)
+        assert subject.cache.lookup(flat, len(prompt)).tolist() == subject.expected_hits(prompt)
     elif kind == "rollback":   # forget, fill (reusing the ids just freed), forget; then undo it all
         before, model = (subject.cache.contents(), subject.cache.holder_lists()), dict(subject.model)
         for part in ("forget", "chain", "forget"):
@@ -132,9 +132,9 @@ def test_a_content_nobody_holds_keeps_its_children_findable(keys):
     subject.forget([3])                                   # (1, 0) is held by nobody, (0, 1) after it by 5
     subject.agrees()
     prompt = np.array([1, 0, 0, 1, 7], dtype=np.int64)
-    assert subject.cache.lookup(prompt, 2) == []          # a lookup stops where nobody holds the prefix
+    assert subject.cache.lookup(prompt, 2).tolist() == []          # a lookup stops where nobody holds the prefix
     subject.fill([8], [-1], [(1, 0)])                     # an equal block fills: the prefix is held again
-    assert subject.cache.lookup(prompt, 2) == [8, 5]
+    assert subject.cache.lookup(prompt, 2).tolist() == [8, 5]
     subject.agrees()
 
 
