@@ -469,7 +469,8 @@ class BlockManager:
 
     def _forget_memo(self) -> None:
         """After a rollback: rows the memo saw may have been recycled and restored, and tables
-        gathered inside the transaction may show changes that were undone (undoing stamps nothing)."""
+        gathered, slots written or rows found running inside the transaction may show changes that
+        were undone (most undo steps stamp nothing)."""
         self._last_batch = self._running_batch = self._appended_slots = None
         self.rows.last_gather = None
 

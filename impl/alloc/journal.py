@@ -7,9 +7,12 @@ raises anything, and the state is exactly what it was before the call. Recording
 an exception between the record and the mutation undoes a step that did not happen, which restores
 the value it already has: harmless.
 
-Cost: one tuple per mutation and a copy of the values an array write overwrites, so O(what the
-operation touches), never O(state). Undoing a removal from the middle of the evictable LRU
-re-sorts the entries released after it (O(evictable)), paid only on the failure path.
+Records are coarse where that is cheaper: one per batch of a kind (a ring take or release, the
+blocks a prompt writes, a table push), one per row an operation changes (`RowTables.save_row`,
+after which the row's fields are written directly) and one for the manager's counters when a
+transaction begins (`BlockManager._save_counters`). Cost: O(what the operation touches), never
+O(state), some 11 records for an add + free. Undoing removals from the middle of the evictable
+LRU re-sorts it (O(evictable)), paid only on the failure path.
 """
 
 import functools
@@ -93,7 +96,8 @@ class Journal:
 
 def atomic(method):
     """Run a BlockManager method under its lock as one transaction: if it raises anything, every
-    change it made is undone before the exception leaves. Nested calls join the outer transaction.
+    change it made is undone before the exception leaves. Nested calls join the outer transaction,
+    which saved the manager's counters first.
     The fault-injection test raises at every line an operation reaches, except in this wrapper:
     its last statement is the commit point (clearing the log), after which the call has happened."""
     @functools.wraps(method)
