@@ -450,9 +450,18 @@ class SchedulerMachine(TalliedMachine):
 
     def replay_decode(self, out, pending: dict) -> list:
         """The spec's `step` over every running sequence's pending token, with the scheduler's
-        victims (the spec's, found on a copy that preempts all by recompute: swap frees the same GPU
-        blocks) preempted by the mode the scheduler chose. Returns the sequences it appended to."""
+        victims (the spec's: swap frees the same GPU blocks as recompute) preempted by the mode the
+        scheduler chose, which must be the cost model's. Returns the sequences it appended to."""
         batch = {s: pending[s] for s in self.spec.seq_ids() if self.spec.status(s) == RUNNING}
+        if not out.swapped_out:   # all by recompute, the spec's own step (the CPU pool stays as it is)
+            modes = {s: self.documented_mode(s) for s in batch}
+            result = self.spec.step(batch)
+            assert out.preempted == result.preempted, f"victims {out.preempted} vs spec {result.preempted}"
+            assert all(modes[v] == "recompute" for v in result.preempted), \
+                f"victims {result.preempted} preempted by recompute, the cost model says {modes}"
+            if result.preempted:
+                self.count("scheduler preempted")
+            return result.appended
         victims = copy.deepcopy(self.spec).step(batch).preempted
         swapped = set(out.swapped_out)
         assert (out.preempted, out.swapped_out) == ([v for v in victims if v not in swapped],
@@ -463,8 +472,7 @@ class SchedulerMachine(TalliedMachine):
             assert (victim in swapped) == (mode == "swap"), f"victim {victim} preempted, the cost model says {mode}"
             self.spec.preempt(victim, mode)
             batch.pop(victim, None)
-        if victims:
-            self.count("scheduler swapped out" if swapped else "scheduler preempted")
+        self.count("scheduler swapped out")
         result = self.spec.step(batch)
         assert result.preempted == [], f"the spec still preempts {result.preempted} after the scheduler's victims"
         return result.appended
