@@ -439,6 +439,18 @@ class SchedulerMachine(TalliedMachine):
             self.cpu.match_lists(self.spec.cpu_block_table(seq_id), self.bm.cpu_block_table(seq_id))
         assert self.spec.num_free_blocks() == self.bm.num_free_blocks()
         assert self.spec.num_free_cpu_blocks() == self.bm.num_free_cpu_blocks()
+        self.same_step_tensors(out)
+
+    def same_step_tensors(self, out) -> None:
+        """The step's lengths, and its slot mapping: each prefill's computed tokens, then each
+        decode's one new token, at the slots the spec's tables name (renamed to the manager's)."""
+        B = self.spec.block_size
+        assert out.seq_lens.tolist() == [self.spec.length(s) for s in out.seq_ids], "seq_lens"
+        written = [(p.seq_id, range(self.spec.length(p.seq_id) - p.num_computed_tokens, self.spec.length(p.seq_id)))
+                   for p in out.prefills] + [(s, [self.spec.length(s) - 1]) for s in out.decodes]
+        slots = [self.gpu.forward[self.spec.block_table(s)[position // B]] * B + position % B
+                 for s, positions in written for position in positions]
+        assert out.slot_mapping.tolist() == slots, f"slot mapping {out.slot_mapping.tolist()} vs spec {slots}"
 
     def documented_mode(self, victim: int) -> str:
         """SchedulerConfig's cost model on the spec's state: swap when the CPU pool takes all of the
