@@ -25,8 +25,8 @@ one per policy (`POLICIES`):
 `machine_for` builds the Hypothesis `RuleBasedStateMachine` around it for one subject factory.
 """
 
-import time
 import inspect
+import time
 from collections import Counter
 
 from hypothesis import strategies as st
@@ -174,7 +174,7 @@ class AnyJudge:
         if op == "swap_out":
             if swapped:
                 return {InvalidState}, set()
-            return self.swap_due(len(before["tables"][seq]), kv.shareable(seq, kv.cpu, self.swapped_cpu()),
+            return self.swap_due(len(before["tables"][seq]), kv.shareable(seq, kv.cpu, kv.swapped_cpu()),
                                  self.free_cpu(), conservative=False)
         if op == "swap_in":
             if live:
@@ -202,12 +202,9 @@ class AnyJudge:
         """Free GPU blocks as the harness counts them (free_count holds the subject to the same)."""
         return self.kv.config["num_blocks"] - len(set().union(*before["tables"].values()))
 
-    def swapped_cpu(self) -> set:
-        return set().union(*self.kv.cpu_tables.values())
-
     def free_cpu(self) -> int:
         """CPU blocks in no swapped table (a block two swapped tables share counts once)."""
-        return self.kv.config["num_cpu_blocks"] - len(self.swapped_cpu())
+        return self.kv.config["num_cpu_blocks"] - len(self.kv.swapped_cpu())
 
     def append_needs_block(self, seq: int, before: dict) -> bool:
         table, position = before["tables"][seq], len(self.kv.tokens[seq])
@@ -465,7 +462,7 @@ class Conformance:
         if ok:
             table = [cpu for _, cpu in copies]
             self.check_ids(seq, table, self.config["num_cpu_blocks"], "cpu")
-            self.check_swap_targets(seq, table, self.cpu, set().union(*self.cpu_tables.values()), "swap_out")
+            self.check_swap_targets(seq, table, self.cpu, self.swapped_cpu(), "swap_out")
             self.cpu_tables[seq] = table
             self.copy(self.gpu, self.cpu, copies)
             count_path(self.tally, SWAP)
@@ -488,6 +485,10 @@ class Conformance:
     @staticmethod
     def live(observed: dict) -> set:
         return set().union(*observed["tables"].values())
+
+    def swapped_cpu(self) -> set:
+        """CPU blocks some swapped sequence's table names."""
+        return set().union(*self.cpu_tables.values())
 
     def copy(self, source: dict, dest: dict, pairs) -> None:
         for src, dst in pairs:
