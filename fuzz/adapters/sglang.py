@@ -64,9 +64,8 @@ from . import wheels  # noqa: E402
 from .wheels import Stub, placeholders  # noqa: E402
 
 VERSION = "0.5.23"
-#: What the loaded modules import beyond torch, numpy and triton, pinned. None of them is GPU code.
-DEPENDENCIES = (("msgspec", "0.23.0"), ("psutil", "7.2.2"), ("pybase64", "1.5.1"), ("pyzmq", "27.3.0"),
-                ("starlette", "1.10.0"), ("anyio", "4.16.0"), ("sniffio", "1.3.1"), ("idna", "3.20"))
+#: What the loaded modules import beyond torch, numpy and triton.
+DEPENDENCIES = wheels.pinned("msgspec", "psutil", "pybase64", "pyzmq", "starlette", "anyio", "sniffio", "idna")
 #: Top-level import names those distributions provide (resolved from the cache folders only).
 PACKAGES = ("sglang", "msgspec", "psutil", "pybase64", "zmq", "starlette", "anyio", "sniffio", "idna")
 MODULES = (

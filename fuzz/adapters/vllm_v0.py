@@ -44,9 +44,8 @@ from pagedkv.spec import DuplicateSequence, InvalidState, OutOfBlocks, UnknownSe
 from . import vllm_v1, wheels
 from .wheels import Stub, placeholders
 
-#: Binary wheels of the packages the historical block-management imports need, pinned: msgspec
-#: and pyzmq at the current adapter's pins (one wheel in the cache serves both), and psutil.
-DEPENDENCIES = vllm_v1.DEPENDENCIES + (("psutil", "7.2.2"),)
+#: Binary wheels of the packages the historical block-management imports need.
+DEPENDENCIES = wheels.pinned("msgspec", "pyzmq", "psutil")
 PACKAGES = vllm_v1.PACKAGES + ("psutil",)
 HISTORICAL_V1 = ("0.6.4.post1", "0.6.6.post1", "0.7.0")
 MODULES = ("vllm.v1.core.kv_cache_manager", "vllm.v1.request", "vllm.sampling_params", "vllm.inputs.data")

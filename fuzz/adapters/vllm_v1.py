@@ -46,7 +46,7 @@ MODULES = ("vllm.v1.core.kv_cache_manager", "vllm.v1.core.kv_cache_utils", "vllm
            "vllm.v1.request", "vllm.utils.hashing", "vllm.distributed.kv_events")
 #: Binary wheels the real KV-event module imports (its events are msgspec structs; it imports zmq for
 #: its publisher, which the manager never starts), pinned and loaded privately like the engine.
-DEPENDENCIES = (("msgspec", "0.23.0"), ("pyzmq", "27.3.0"))
+DEPENDENCIES = wheels.pinned("msgspec", "pyzmq")
 PACKAGES = ("vllm", "msgspec", "zmq")
 #: Block sizes the kit draws: vLLM's CacheConfig takes any block_size > 0 (`Field(gt=0)`) and the
 #: manager has no size-specific path; 1..16 keeps programs short enough to reach evictions.
