@@ -7,7 +7,6 @@ facts that are true of every reachable spec state but are not among the named in
 - `well_formed`: lengths, ids and statuses are in range (the spec gets this from Python's types);
 - `admission_order`: live sequences have distinct `admitted` stamps, none above the admission count (so `step`'s
   "latest admitted" and "admission order" are total orders, as the spec's dict order never matters);
-- `free_blocks_unhashed`: a block in the never-cached free queue is not in the prefix index;
 - `hashed_blocks_full`: a cached block at index j of a table lies wholly inside that sequence
   (its length is at least (j + 1) * B), so nobody writes into an indexed block.
 """
@@ -17,16 +16,19 @@ from .encoding import RUNNING, SWAPPED, WAITING, Bounds, State, Toks, at, blocks
 
 
 def conservation(b: Bounds, s: State):
-    """Every GPU block is exactly one of free, evictable, live; evictable blocks are indexed; every CPU
-    block is exactly one of free or held by one swapped sequence."""
+    """Every GPU block is exactly one of free, evictable, live; evictable blocks are indexed, free ones
+    are not and hold no KV; every CPU block is exactly one of free or held by one swapped sequence."""
     gpu = [count(occurrences(s.free, s.free_len, blk) + occurrences(s.evict, s.evict_len, blk) + [s.ref[blk] > 0]) == 1
            for blk in range(b.num_blocks)]
     evictable_indexed = [z3.Implies(i < s.evict_len, at(s.hashed, e)) for i, e in enumerate(s.evict)]
+    free_empty = [z3.Implies(i < s.free_len, z3.And(z3.Not(at(s.hashed, f)),
+                                                     *[at(slots, f) == Toks.nil for slots in zip(*s.slots)]))
+                  for i, f in enumerate(s.free)]
     cpu = [count(occurrences(s.cpu_free, s.cpu_free_len, c)
                  + [z3.And(s.live[q], j < s.cpu_tlen[q], cb == c)
                     for q in range(b.max_seqs) for j, cb in enumerate(s.cpu_table[q])]) == 1
            for c in range(b.num_cpu_blocks)]
-    return z3.And(gpu + evictable_indexed + cpu)
+    return z3.And(gpu + evictable_indexed + free_empty + cpu)
 
 
 def refcount(b: Bounds, s: State):
@@ -107,10 +109,6 @@ def admission_order(b: Bounds, s: State):
     return z3.And(stamps + distinct)
 
 
-def free_blocks_unhashed(b: Bounds, s: State):
-    return z3.And([z3.Implies(i < s.free_len, z3.Not(at(s.hashed, f))) for i, f in enumerate(s.free)])
-
-
 def hashed_blocks_full(b: Bounds, s: State):
     return z3.And([z3.Implies(z3.And(s.live[q], j < s.tlen[q], at(s.hashed, blk)), s.ntok[q] >= (j + 1) * b.block_size)
                    for q in range(b.max_seqs) for j, blk in enumerate(s.table[q])])
@@ -127,7 +125,6 @@ NAMED = {
 STRENGTHENING = {
     "well_formed": well_formed,
     "admission_order": admission_order,
-    "free_blocks_unhashed": free_blocks_unhashed,
     "hashed_blocks_full": hashed_blocks_full,
 }
 
