@@ -578,6 +578,45 @@ class BlockManager:
         return (needs_tail | cow).nonzero()[0], needs_tail, cow, lens, offsets, tails
 
     def _append_rows(self, rows: np.ndarray, tokens: np.ndarray) -> list:
+        appended = self._appended_slots
+        if appended is not None and appended[0] is rows and appended[2] == self.rows.changes:
+            return self._append_again(rows, tokens, appended[1])
+        return self._append_planned(rows, tokens)
+
+    def _append_again(self, rows: np.ndarray, tokens: np.ndarray, last_slots: np.ndarray) -> list:
+        """The decode step right after a batch append of the same rows, no table changed since
+        (`rows.changes`). Each row's last token went to last_slots[i], so its next one goes to
+        the next slot, or to a new block where that tail is full. No partial tail is shared: that
+        append left each tail it wrote held once (fresh, copied, or its sharers copied), and only
+        a fork or an admission shares a partial block again, and both change a table."""
+        B = self.block_size
+        slots = last_slots + 1
+        needy = (slots % B == 0).nonzero()[0]
+        self._require_free(len(needy))
+        if self.cache is not None and len(needy) > self.pool.queued:
+            return self._append_planned(rows, tokens)   # evictions: the order-keeping path
+        if len(needy):
+            new_blocks = self.pool.take(len(needy))
+            self.rows.push_in_batch(rows, needy, new_blocks)
+            slots[needy] = new_blocks * B
+        self._write_appended(rows, tokens, slots)
+        if self.cache is not None:
+            filled = (slots % B == B - 1).nonzero()[0]
+            if len(filled):
+                self._index_filled_tails(rows[filled], slots[filled] // B)
+        return []
+
+    def _write_appended(self, rows: np.ndarray, tokens: np.ndarray, slots: np.ndarray) -> None:
+        """Write each row's new token to its slot and count it; remember the slots (and that
+        these rows run) until a table changes."""
+        self.journal.undo.append((self._token_slots.__setitem__, (slots, self._token_slots.take(slots))))
+        self._token_slots[slots] = tokens
+        lens = self.rows.seq_len[rows]
+        self.journal.assign(self.rows.seq_len, rows, lens + 1, old=lens)
+        self._running_batch = (rows, self.rows.changes)
+        self._appended_slots = (rows, slots, self.rows.changes)
+
+    def _append_planned(self, rows: np.ndarray, tokens: np.ndarray) -> list:
         needy, needs_tail, cow, lens, offsets, tails = self._plan_append(rows)
         self._require_free(len(needy))
         if self.cache is not None and len(needy) > self.pool.queued and len(rows) > 1:
@@ -595,22 +634,17 @@ class BlockManager:
                 copies = self._copy_on_write(rows[needy[~is_tail]], tails[needy[~is_tail]], new_blocks[~is_tail])
             tails[needy] = new_blocks   # a fresh tail or the copy: either way the block written now
         slots = tails * self.block_size + offsets
-        self.journal.undo.append((self._token_slots.__setitem__, (slots, self._token_slots.take(slots))))
-        self._token_slots[slots] = tokens
-        self.journal.assign(self.rows.seq_len, rows, lens + 1, old=lens)
-        self._running_batch = (rows, self.rows.changes)
-        self._appended_slots = (rows, slots, self.rows.changes)
+        self._write_appended(rows, tokens, slots)
         if self.cache is not None:
             filled = (offsets == self.block_size - 1).nonzero()[0]
             if len(filled):
-                self._index_filled_tails(rows[filled])
+                self._index_filled_tails(rows[filled], tails[filled])
         return copies
 
-    def _index_filled_tails(self, rows: np.ndarray) -> None:
-        """Index the tail block each of these rows just filled, after the block before it, in
-        batch order (gathered in a few numpy operations, indexed in one batched cache call)."""
+    def _index_filled_tails(self, rows: np.ndarray, tails: np.ndarray) -> None:
+        """Index the tail block each of these rows just filled (`tails`), after the block before
+        it, in batch order (gathered in a few numpy operations, indexed in one batched cache call)."""
         held = self.rows.num_held[rows]
-        tails = self.rows.tails(rows)
         parents = np.where(held > 1, self.rows.blocks_at(rows, np.maximum(held - 2, 0)), -1)
         self.cache.fill(tails, parents)
 

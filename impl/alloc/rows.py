@@ -153,8 +153,8 @@ class RowTables:
         self.journal.assign(self.arena, self.start[rows] + self.num_held[rows] - 1, blocks)
         self._stamp(rows)
 
-    def push(self, rows: np.ndarray, blocks: np.ndarray) -> None:
-        """Append blocks[i] to the table of rows[i] (distinct rows)."""
+    def push(self, rows: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+        """Append blocks[i] to the table of rows[i] (distinct rows); returns the blocks each held."""
         journal = self.journal
         held = self.num_held[rows]
         full = held >= self.capacity[rows]
@@ -165,6 +165,19 @@ class RowTables:
         self.arena[slots] = blocks
         self.num_held[rows] = held + 1
         self._stamp(rows)
+        return held
+
+    def push_in_batch(self, batch: np.ndarray, positions: np.ndarray, blocks: np.ndarray) -> None:
+        """`push(batch[positions], blocks)`. When the last gather was of `batch` and nothing
+        changed since, the new blocks are written into its tables too (each inside its width), so
+        the next gather of the batch copies them instead of gathering those rows again. A rollback
+        drops the gather (`last_gather`), so a push undone is never seen there."""
+        last = self.last_gather
+        current = last is not None and last[0] is batch and last[3] == self.changes
+        held = self.push(batch[positions], blocks)
+        if current and held.max() < last[1]:
+            last[2][positions, held] = blocks
+            self.last_gather = (batch, last[1], last[2], self.changes)
 
     def _unpush(self, rows: np.ndarray, held: np.ndarray, slots: np.ndarray) -> None:
         self.arena[slots] = -1   # past each table inside its segment, as before the push
@@ -211,9 +224,10 @@ class RowTables:
             if width != last[1]:
                 tables = np.concatenate([tables, np.full((len(rows), width - last[1]), -1, dtype=np.int32)], axis=1) \
                     if width > last[1] else tables[:, :width]
-            changed = (self.changed_at[rows] > last[3]).nonzero()[0]
-            if len(changed):
-                tables[changed] = self.gather(rows[changed], width)
+            if last[3] != self.changes:   # some table changed since: gather its rows again
+                changed = (self.changed_at[rows] > last[3]).nonzero()[0]
+                if len(changed):
+                    tables[changed] = self.gather(rows[changed], width)
         else:
             tables = self.gather(rows, width)
         self.last_gather = (rows, width, tables, self.changes)

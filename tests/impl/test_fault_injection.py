@@ -133,6 +133,21 @@ def evicting_pool():
     return bm
 
 
+DECODE_BATCH = [1, 2]   # one list object, step after step, as an engine passes its batch
+
+
+def decoding_pool():
+    """A decode step of DECODE_BATCH done and its tables read: the next step of the same batch
+    takes the short path (a new block for sequence 1 patched into the remembered tables,
+    sequence 2 fills and indexes its tail)."""
+    bm = BlockManager(12, 2, prefix_caching=True)
+    bm.add(1, [1, 2, 3])
+    bm.add(2, [4, 5, 6, 7])
+    bm.append_batch(DECODE_BATCH, [8, 8])
+    bm.block_tables(DECODE_BATCH)
+    return bm
+
+
 def swapped_back_in():
     bm = cached_pool()
     bm.swap_in(5)
@@ -181,6 +196,7 @@ OPERATIONS = {
     "append copy-on-write": (cached_pool, lambda bm: bm.append(3, 7)),
     "append fills a block": (cached_pool, lambda bm: bm.append(1, 6)),
     "append_batch": (cached_pool, lambda bm: bm.append_batch([3, 1], [7, 6])),
+    "append_batch again (the decode short path)": (decoding_pool, lambda bm: bm.append_batch(DECODE_BATCH, [9, 9])),
     "append_batch evicting in order": (evicting_pool, lambda bm: bm.append_batch([6, 1, 3], [2, 6, 6])),
     "fork": (cached_pool, lambda bm: bm.fork(1, 6)),
     "free shared": (cached_pool, lambda bm: bm.free(1)),
