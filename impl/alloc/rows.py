@@ -68,8 +68,8 @@ class RowTables:
 
     @property
     def nbytes(self) -> int:
-        """Host memory of the tables and per-row arrays."""
-        return self.arena.nbytes + sum(getattr(self, name).nbytes for name in ROW_ARRAYS)
+        """Host memory of the tables and per-row arrays (the change stamps included)."""
+        return self.arena.nbytes + self.changed_at.nbytes + sum(getattr(self, name).nbytes for name in ROW_ARRAYS)
 
     # ---------------------------------------------------------------- rows
 

@@ -41,7 +41,7 @@ class SchedulerConfig:
     watermark: float = 0.01                # fraction of GPU blocks admission keeps free
     prefill_tokens_per_s: float = 10_000.0   # recompute cost: tokens / rate
     swap_bytes_per_s: float = 25e9         # link bandwidth; swap cost: 2 x KV bytes / bandwidth
-    kv_bytes_per_token: int = 131_072      # K and V of one token over all layers
+    kv_bytes_per_token: int = 131_072      # K and V of one token over all layers: Llama-3-8B in bf16
 
     def __post_init__(self):
         require(is_int(self.max_num_seqs) and self.max_num_seqs >= 1,

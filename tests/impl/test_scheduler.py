@@ -243,3 +243,10 @@ def test_a_swapped_sequence_comes_back_once_its_blocks_and_its_pending_tokens_ar
     # c comes back on 1 block for its 1 CPU block plus 1 for its pending token: exactly the 2 free.
     out = run_step(scheduler)
     assert out.swapped_in == [2] and out.decodes == [1, 2] and bm.num_free_blocks() == 0
+
+
+def test_the_default_kv_bytes_per_token_is_llama_3_8b_in_bf16():
+    """The swap-vs-recompute cost model's default token size: K and V, 32 layers, 8 KV heads of 128
+    dimensions, 2 bytes each (Llama-3-8B's config.json, bf16)."""
+    k_and_v, layers, kv_heads, head_dim, bf16 = 2, 32, 8, 128, 2
+    assert SchedulerConfig().kv_bytes_per_token == k_and_v * layers * kv_heads * head_dim * bf16

@@ -122,3 +122,17 @@ def test_tables_of_a_repeated_batch_follow_every_change(program):
     running = bm.running()
     assert bm.block_tables(running).tolist() == expected_tables(bm, running)
     bm.check()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=12), st.data())
+def test_table_bytes_count_every_array_the_tables_own(lengths, data):
+    """`rows.nbytes` (what bench/table_memory.py reports) is the host memory of every numpy array
+    the row tables hold, whatever rows were added, grown and freed before."""
+    bm = BlockManager(sum(lengths) + 64, 2, max_seqs=2)
+    for seq_id, length in enumerate(lengths):
+        bm.add(seq_id, [seq_id] * length)
+    for seq_id in data.draw(st.sets(st.sampled_from(range(len(lengths))))):
+        bm.free(seq_id)
+    owned = [value for value in vars(bm.rows).values() if isinstance(value, np.ndarray)]
+    assert bm.rows.nbytes == sum(array.nbytes for array in owned)
