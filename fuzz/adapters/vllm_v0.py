@@ -44,9 +44,10 @@ from pagedkv.spec import DuplicateSequence, InvalidState, OutOfBlocks, UnknownSe
 from . import vllm_v1, wheels
 from .wheels import Stub, placeholders
 
-#: Binary wheels of the packages the historical block-management imports need.
-DEPENDENCIES = wheels.pinned("msgspec", "pyzmq", "psutil")
-PACKAGES = vllm_v1.PACKAGES + ("psutil",)
+#: Wheels of the packages the historical block-management imports need (0.7.0's `vllm.utils` imports
+#: cloudpickle at the top; a fresh environment has none).
+DEPENDENCIES = wheels.pinned("msgspec", "pyzmq", "psutil", "cloudpickle")
+PACKAGES = vllm_v1.PACKAGES + ("psutil", "cloudpickle")
 HISTORICAL_V1 = ("0.6.4.post1", "0.6.6.post1", "0.7.0")
 MODULES = ("vllm.v1.core.kv_cache_manager", "vllm.v1.request", "vllm.sampling_params", "vllm.inputs.data")
 MAX_MODEL_LEN = 1 << 20

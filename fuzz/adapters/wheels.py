@@ -57,7 +57,7 @@ MARKER = ".pagedkv-unpacked"  # written last: its presence means the unpacked fo
 #: The one version of each dependency an adapter loads beside its engine (pinned here once, so two
 #: adapters needing msgspec share one wheel in the cache). None of them is GPU code.
 PINS = {"msgspec": "0.23.0", "pyzmq": "27.3.0", "psutil": "7.2.2", "pybase64": "1.5.1",
-        "starlette": "1.10.0", "anyio": "4.16.0", "sniffio": "1.3.1", "idna": "3.20"}
+        "starlette": "1.10.0", "anyio": "4.16.0", "sniffio": "1.3.1", "idna": "3.20", "cloudpickle": "3.1.1"}
 
 
 def pinned(*names: str) -> tuple:
