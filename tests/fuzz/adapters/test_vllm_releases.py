@@ -169,14 +169,6 @@ STALE_HIT = ({"num_blocks": 2, "block_size": 9, "prefix_caching": True, "num_cpu
              [["add", [1, [0] * 8 + [1] + [0] * 9]], ["free", [1]], ["add", [2, [0] * 10]]])
 
 
-@pytest.mark.parametrize("version, buggy", [("0.5.0.post1", True), ("0.5.4", False)])
-def test_stale_computed_block_served_as_a_hit_until_fixed(version, buggy):
-    make = vllm_v0.release(version)
-    config, program = STALE_HIT
-    replay_declared(make, config, program,
-                    fails_with=r"\[cache_hit\] add\(2\) serves block 1 for prompt block 0" if buggy else None)
-
-
 #: vLLM #4764: a block taken back from the evictor stays in the allocator's cached-block map. Seq 2's
 #: prompt takes seq 1's released [1, 2] block from the evictor; after seq 2 is freed, seq 3's prompt
 #: [1, 2, ...] finds the stale entry and 0.4.2's allocator trips its own bookkeeping assertion
@@ -184,14 +176,6 @@ def test_stale_computed_block_served_as_a_hit_until_fixed(version, buggy):
 EVICTOR_KEEPS_HASH = ({"num_blocks": 3, "block_size": 2, "prefix_caching": True, "num_cpu_blocks": 0},
                       [["add", [1, [1, 2, 3]]], ["free", [1]], ["add", [2, [5, 6, 7, 8, 9]]], ["free", [2]],
                        ["add", [3, [1, 2, 4]]]])
-
-
-@pytest.mark.parametrize("version, buggy", [("0.4.2", True), ("0.4.3", False)])
-def test_block_from_the_evictor_left_in_the_cache_map_until_fixed(version, buggy):
-    make = vllm_v0.release(version)
-    config, program = EVICTOR_KEEPS_HASH
-    replay_declared(make, config, program,
-                    fails_with=r"\[crash\] add raised AssertionError" if buggy else None)
 
 
 #: vLLM #6849: `get_num_blocks_touched` counts a full block whose content is cached as needing no
@@ -202,12 +186,22 @@ SWAP_IN_OVERCOUNT = ({"num_blocks": 3, "block_size": 2, "prefix_caching": True, 
                      [["add", [1, [1, 2, 3]]], ["swap_out", [1]], ["add", [2, [7, 8, 9]]], ["swap_in", [1]]])
 
 
-@pytest.mark.parametrize("version, buggy", [("0.5.4", True), ("0.5.5", False)])
-def test_swap_in_admitted_on_a_double_counted_block_until_fixed(version, buggy):
-    make = vllm_v0.unstamped(version)   # 0.5.5 refuses the swap-in: seq 1 is freed swapped out (KeyError)
-    config, program = SWAP_IN_OVERCOUNT
-    replay_declared(make, config, program,
-                    fails_with=r"\[crash\] swap_in raised NoFreeBlocksError" if buggy else None)
+#: fixed bug -> (its directed program, the factory it is driven by, the last release with the bug and
+#: the failure it shows there, the release that fixed it). 0.5.5 is driven unstamped for #6849: with the
+#: scheduler's stamps it refuses the swap-in on its unfixed abort bug (seq 1 is freed swapped out, KeyError).
+FIXED_BUGS = {
+    "#5364": (STALE_HIT, vllm_v0.release, "0.5.0.post1",
+              r"\[cache_hit\] add\(2\) serves block 1 for prompt block 0", "0.5.4"),
+    "#4764": (EVICTOR_KEEPS_HASH, vllm_v0.release, "0.4.2", r"\[crash\] add raised AssertionError", "0.4.3"),
+    "#6849": (SWAP_IN_OVERCOUNT, vllm_v0.unstamped, "0.5.4", r"\[crash\] swap_in raised NoFreeBlocksError", "0.5.5"),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(FIXED_BUGS))
+@pytest.mark.parametrize("buggy", [True, False], ids=["before the fix", "after"])
+def test_directed_program_fails_until_its_bug_is_fixed(bug, buggy):
+    (config, program), factory, last_buggy, failure, fixed = FIXED_BUGS[bug]
+    replay_declared(factory(last_buggy if buggy else fixed), config, program, fails_with=failure if buggy else None)
 
 
 def test_dedup_on_fill_shares_the_cached_block_not_the_copy_target():
