@@ -48,7 +48,7 @@ from .strategies import bind
 DEFAULT_TIMEOUT = 10.0      # seconds one subject call may take before it is a `timeout` finding
 BACKSTOP_FACTOR, BACKSTOP_SLACK = 3, 5.0
 #: method -> (check of its result, what the protocol wants). fork and free return nothing of use.
-GUARDED = ("add", "append", "fork", "free", "block_table", "num_free_blocks", "swap_out", "swap_in")
+GUARDED = ("add", "append", "fork", "free", "block_table", "num_free_blocks", "swap_out", "swap_in", "block_tables")
 
 
 def _process_stderr():

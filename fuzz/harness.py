@@ -43,6 +43,7 @@ from .strategies import (CACHE_HIT, COW, EVICTION, OUT_OF_BLOCKS, SWAP, FreshIds
 
 PROTOCOL = ("add", "append", "fork", "free", "block_table", "num_free_blocks")
 SWAP_PROTOCOL = ("swap_out", "swap_in")
+BATCH_PROTOCOL = ("block_tables",)
 #: What a subject may declare. `complete_cache`: released full blocks keep serving their prefix
 #: until handed out again (checked under policy `any`). `conservative_admission`: `add`, `append`
 #: and `swap_in` may refuse with OutOfBlocks although the blocks were there (still atomically;
@@ -55,8 +56,11 @@ SWAP_PROTOCOL = ("swap_out", "swap_in")
 #: (`kv_events()`, `cache_index()`; fuzz/events.py), checked with prefix caching on.
 #: `spec_defaults`: the factory defaults what the spec's constructor defaults, to the spec's values
 #: (`SPEC_DEFAULTS`), so the harness sometimes builds it without them (pagedkv's own allocator).
+#: `batch_tables`: `block_tables(seq_ids)` gives one padded table per running sequence of a batch, what
+#: an engine's forward pass reads (`BATCH_PROTOCOL`); the harness reads sub-batches in any order, several
+#: in a row between mutations, sometimes passing the very list again (pagedkv's own allocator).
 CAPABILITIES = frozenset({"fork", "prefix_caching", "swap", "complete_cache", "conservative_admission",
-                          "dedup_on_fill", "swap_sharing", "kv_events", "spec_defaults"})
+                          "dedup_on_fill", "swap_sharing", "kv_events", "spec_defaults", "batch_tables"})
 #: What KVSpec's constructor defaults: a subject declaring `spec_defaults` must default it alike.
 SPEC_DEFAULTS = {name: parameter.default for name, parameter in inspect.signature(KVSpec).parameters.items()
                  if parameter.default is not parameter.empty}
@@ -66,7 +70,8 @@ POLICIES = ("spec", "any")
 PATHS = (COW, EVICTION, CACHE_HIT, OUT_OF_BLOCKS, SWAP)
 #: Argument names of each operation, for readable programs.
 ARG_NAMES = {"add": ("seq", "tokens"), "append": ("seq", "token"), "fork": ("parent", "child"),
-             "free": ("seq",), "block_table": ("seq",), "swap_out": ("seq",), "swap_in": ("seq",)}
+             "free": ("seq",), "block_table": ("seq",), "swap_out": ("seq",), "swap_in": ("seq",),
+             "block_tables": ("seqs", "same_list")}
 UNKNOWN_ID = 1_000_000  # ids from here up are never added
 ID_ERRORS = (UnknownSequence, DuplicateSequence)
 #: Keys a subject's (or factory's) `config_space` may restrict.
@@ -336,6 +341,7 @@ class Conformance:
         self.gpu, self.cpu = {}, {}     # ghost memory: flat slot -> KV
         self.tokens = {}                # live sequence -> its tokens, as the harness knows them
         self.cpu_tables = {}            # swapped sequence -> its CPU table, from swap_out's copies
+        self.batch = None               # the list last passed to block_tables (passed again as the same object)
         self.failed = False             # an oracle fired: teardown must not pile a second finding on it
         self.found = found              # a run's list: its first failure is appended, before any shrinking
         self.capabilities = frozenset(capabilities if capabilities is not None else DEFAULT_CAPABILITIES)
@@ -358,11 +364,15 @@ class Conformance:
             raise failure
 
     def _guarded(self, thunk, what: str):
-        """Run a subject call; anything but a pagedkv error is the `crash` oracle."""
+        """Run a subject call; anything but a pagedkv error is the `crash` oracle. An OracleFailure the
+        subject raises itself (an adapter's own check) is reported as the harness's own are: with the
+        program so far, and as found before shrinking."""
         try:
             return thunk()
-        except (PagedKVError, OracleFailure):
+        except PagedKVError:
             raise
+        except OracleFailure as failure:   # the harness's own oracles fire outside subject calls
+            self.expect(False, failure.oracle, failure.message)
         except SubjectFault as fault:  # the call guard's finding (fuzz/guard.py): protocol, timeout, exit
             self.expect(False, fault.oracle, str(fault))
         except Exception as error:  # a subject bug surfaces as a named finding, not a harness crash
@@ -456,6 +466,26 @@ class Conformance:
 
     def block_table(self, seq: int) -> None:
         self.run_step("block_table", seq)
+
+    def block_tables(self, seqs: list, same_list: bool = False) -> None:
+        """Capability `batch_tables`: the subject's tables of a batch of running sequences (`same_list`:
+        the list object of the previous call, unchanged) must be each one's own table, checked by
+        `table`, padded with -1 to the batch's widest. Engines pass one list step after step, so a
+        subject may remember batches; a memo that is wrong shows here, not in `block_table`."""
+        if not (same_list and self.batch == seqs):
+            self.batch = list(seqs)
+        self.program.append(("block_tables", (list(seqs), same_list)))
+        self.tally["steps"] += 1
+        got = self._guarded(lambda: self.subject.block_tables(self.batch), "block_tables")
+        got = self._guarded(lambda: got.tolist() if hasattr(got, "tolist") else [list(row) for row in got],
+                            "block_tables")
+        self.trace.append(format_step("block_tables", (list(seqs), same_list), got))
+        tables = [self.table(seq) for seq in seqs]
+        width = max(map(len, tables), default=0)
+        want = [table + [-1] * (width - len(table)) for table in tables]
+        self.expect(got == want, "batch_tables",
+                    lambda: f"block_tables({list(seqs)}) = {got}, but the sequences' own tables padded to width "
+                            f"{width} are {want}")
 
     def swap_out(self, seq: int) -> None:
         ok, copies, _ = self.run_step("swap_out", seq)
@@ -839,6 +869,25 @@ class ConformanceMachine(RuleBasedStateMachine):
         self.kv.add(seq, data.draw(token_lists(size, size), label="tokens"))
         self.remember(seq)
         self.kv.free(seq)
+
+    @precondition(lambda self: self.has("batch_tables") and self.kv.running())
+    @rule(data=st.data())
+    def read_batches(self, data):
+        """A forward pass or a few reads the tables of a batch: any running sequences in any order,
+        sub-batches of one another, at widths that differ, the same list again between them; or each
+        running sequence alone, in a drawn order (one row after another at one row's width)."""
+        running = self.kv.running()
+        if data.draw(st.booleans(), label="each sequence alone"):
+            for seq in data.draw(st.permutations(running), label="order"):
+                self.kv.block_tables([seq])
+            return
+        for _ in range(data.draw(st.integers(1, 4), label="reads")):
+            batch = self.kv.batch
+            if batch and set(batch) <= set(running) and data.draw(st.booleans(), label="the same list again"):
+                self.kv.block_tables(batch, same_list=True)
+            else:
+                self.kv.block_tables(data.draw(st.lists(st.sampled_from(running), max_size=len(running),
+                                                        unique=True), label="batch"))
 
     @precondition(lambda self: self.has("swap"))
     @rule(seq=seqs)

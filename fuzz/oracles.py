@@ -23,6 +23,8 @@ ORACLES = {
                  "step; stores chain from announced parents, one prefix per key; removals name counted keys",
     "index_content": "with kv_events: every index entry names a block holding its key's announced prefix, and "
                      "no block is named by a full-block key and a partial one at once",
+    "batch_tables": "with batch_tables: block_tables(batch) of running sequences, in any order, is each one's own "
+                    "block_table padded with -1 to the batch's widest, however often batches were read before",
     "crash": "the subject raises nothing but pagedkv errors",
     "protocol": "each method returns what the protocol says (add an int, append a list of (src, dst) pairs, ...)",
     "timeout": "every call returns within the call timeout (pagedkv fuzz --call-timeout)",

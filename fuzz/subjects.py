@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from .guard import Deadline, SubjectFault
 from .targets import factory_in, split_target
-from .harness import (CAPABILITIES, DEFAULT_CAPABILITIES, PROTOCOL, SWAP_PROTOCOL, ConfigSpaceError,
+from .harness import (BATCH_PROTOCOL, CAPABILITIES, DEFAULT_CAPABILITIES, PROTOCOL, SWAP_PROTOCOL, ConfigSpaceError,
                       declared_config_space, probe_config)
 
 NAMED = {
@@ -116,7 +116,8 @@ def _probe(target: str, factory, block_sizes: tuple = None) -> tuple:
     if not capabilities <= CAPABILITIES:
         raise UsageError(f"target {target!r}: unknown capabilities {sorted(capabilities - CAPABILITIES)}; "
                          f"known: {sorted(CAPABILITIES)}")
-    needed = PROTOCOL + (SWAP_PROTOCOL if "swap" in capabilities else ())
+    needed = PROTOCOL + (SWAP_PROTOCOL if "swap" in capabilities else ()) + (
+        BATCH_PROTOCOL if "batch_tables" in capabilities else ())
     missing = [name for name in needed if not callable(getattr(subject, name, None))]
     if missing:
         raise UsageError(f"target {target!r}: the subject lacks protocol method(s) {', '.join(missing)}")

@@ -332,3 +332,95 @@ def test_a_subject_declaring_spec_defaults_is_built_with_them_and_held_to_them(p
     _, failure = check(subject, "ci", policy=policy, phases=[Phase.generate])   # found, not shrunk
     assert failure["oracle"] == "oom_exact" and "missing OutOfBlocks" in failure["message"]
     assert "num_cpu_blocks" not in failure["config"]   # built with its own default, which is not the spec's
+
+
+# ---------------------------------------------------------------------- batch tables
+
+class BatchTables(bug_zoo.Reference):
+    """The reference with `block_tables(batch)` (capability batch_tables), read afresh every call."""
+
+    capabilities = bug_zoo.Reference.capabilities | {"batch_tables"}
+
+    def block_tables(self, seq_ids):
+        tables = [self.block_table(seq) for seq in seq_ids]
+        width = max(map(len, tables), default=0)
+        return [table + [-1] * (width - len(table)) for table in tables]
+
+
+class MemoByShape(BatchTables):
+    """A batch memo that every change forgets but that is keyed by the batch's shape, not its
+    sequences: a read of other sequences at the same size gets the last batch's tables. (The shape of
+    issue 18's `RowTables._gather_again` mutant, whose memo compared the rows with the last width.)"""
+
+    def __init__(self, *args, **options):
+        super().__init__(*args, **options)
+        self.memo = None
+
+    def block_tables(self, seq_ids):
+        tables = super().block_tables(seq_ids)
+        shape = (len(tables), len(tables[0]) if tables else 0)
+        if self.memo is None or self.memo[0] != shape:
+            self.memo = (shape, tables)
+        return self.memo[1]
+
+    def __getattribute__(self, name):
+        if name in ("add", "append", "fork", "free"):
+            object.__setattr__(self, "memo", None)
+        return super().__getattribute__(name)
+
+
+class ManagerWithBatchTables(BlockManager):
+    capabilities = BlockManager.capabilities | {"batch_tables"}
+
+
+class CountedReads(BatchTables):
+    reads = Counter()
+
+    def block_tables(self, seq_ids):
+        self.reads["batches"] += 1
+        self.reads["alone" if len(seq_ids) == 1 else "together"] += 1
+        return super().block_tables(seq_ids)
+
+
+@pytest.mark.parametrize("policy", ["spec", "any"])
+def test_correct_batch_tables_pass_and_are_read_alone_and_together(policy):
+    CountedReads.reads.clear()
+    _, failure = check(Subject("test:CountedReads", CountedReads, CountedReads.capabilities), "ci",
+                       policy=policy, max_examples=40)
+    assert failure is None and CountedReads.reads["alone"] and CountedReads.reads["together"]
+    _, failure = check(Subject("test:Manager", ManagerWithBatchTables, ManagerWithBatchTables.capabilities),
+                       "ci", policy=policy, max_examples=40)
+    assert failure is None
+
+
+def test_a_batch_memo_keyed_by_the_batch_shape_is_the_batch_tables_oracle():
+    _, failure = check(Subject("test:MemoByShape", MemoByShape, MemoByShape.capabilities), "ci",
+                       phases=[Phase.generate])
+    assert failure["oracle"] == "batch_tables"
+    assert any(step.startswith("block_tables(") for step in failure["trace"])
+
+
+def test_a_batch_read_is_replayed_with_the_same_list_object_when_the_program_says_so():
+    class Identity(BatchTables):
+        passed = []
+
+        def block_tables(self, seq_ids):
+            self.passed.append(seq_ids)
+            return super().block_tables(seq_ids)
+
+    config = {"num_blocks": 4, "block_size": 2, "prefix_caching": False, "num_cpu_blocks": 0}
+    replay(Identity, config, [("add", (1, [0, 1, 2])), ("add", (2, [3])), ("block_tables", ([2, 1], False)),
+                              ("block_tables", ([2, 1], True)), ("block_tables", ([2, 1], False))],
+           capabilities=Identity.capabilities)
+    first, again, fresh = Identity.passed
+    assert first is again and fresh is not first and first == fresh == [2, 1]
+
+
+def test_a_subject_declaring_batch_tables_must_have_them():
+    from pagedkv.fuzz.subjects import UsageError, _probe
+
+    class ClaimsBatchTables(bug_zoo.Reference):
+        capabilities = bug_zoo.Reference.capabilities | {"batch_tables"}
+
+    with pytest.raises(UsageError, match=r"lacks protocol method\(s\) block_tables"):
+        _probe("test:ClaimsBatchTables", ClaimsBatchTables)
