@@ -460,3 +460,23 @@ def test_seconds_budget_runs_until_time_is_up(tmp_path):
     assert run.returncode == 0
     result = json.loads((tmp_path / "out.json").read_text())
     assert result["seconds"] >= 2 and result["tally"]["runs"] >= 1
+
+
+class ChecksItself(bug_zoo.Reference):
+    """An adapter whose own consistency check raises the kit's OracleFailure (the sequence of 5 tokens
+    is its planted bug): the harness's oracles never fire on it."""
+
+    def append(self, seq_id, token):
+        copies = super().append(seq_id, token)
+        if len(self.seqs[seq_id].tokens) >= 5:
+            raise OracleFailure("protocol", f"seq {seq_id} grew to 5 tokens", {})
+        return copies
+
+
+def test_a_failure_the_subject_raises_itself_is_reported_as_found():
+    _, failure = check(Subject("test:ChecksItself", ChecksItself, ChecksItself.capabilities), "ci", "any")
+    assert failure["oracle"] == "protocol" and failure["message"].endswith("grew to 5 tokens")
+    first = failure["first"]   # as found, before shrinking: when, in which example, after which steps
+    assert isinstance(first["seconds"], float) and first["seconds"] >= 0 and first["examples"] >= 1
+    assert first["program"] and first["program"][-1][0] == "append" and first["steps"] == len(first["program"])
+    assert failure["program"][-1][0] == "append" and len(failure["program"]) <= first["steps"]
