@@ -7,7 +7,8 @@ share Python's integer hash, included). The hash is therefore chosen for speed a
 resistance to crafted collisions: those cost a slower path, never a wrong hit.
 
 - A block's own hash is multilinear over its tokens (token j times a fixed odd 64-bit multiplier
-  for position j, summed mod 2**64), then mixed so that the low bits depend on all of them.
+  for position j, summed mod 2**64), then folded (the high half xored into the low) so that the
+  low bits, which pick a dict slot, depend on every bit of every token (a product's high bits do).
 - A prefix's key chains its blocks' hashes: key(k) = key(k-1) * P + hash(k) mod 2**64, with
   key(-1) = ROOT. For a run of consecutive blocks that is a prefix sum, so a whole prompt is keyed
   with one cumsum: key(k) = P**k * (start * P + sum over i <= k of hash(i) * P**-i).
@@ -19,8 +20,8 @@ MASK = (1 << 64) - 1
 P = 0x9E3779B97F4A7C15             # odd, so invertible mod 2**64
 P_INVERSE = pow(P, -1, 1 << 64)
 ROOT = 0x243F6A8885A308D3          # the key "before" a sequence's first block
-_MIX = np.uint64(0xBF58476D1CE4E5B9)
-_SHIFT_A, _SHIFT_B = np.uint64(31), np.uint64(29)
+_FOLD = np.uint64(32)
+_P = np.uint64(P)
 DICT_SHIFT = np.uint64(3)          # dict keys drop 3 bits: ints below 2**61 are Python's cheapest
 
 
@@ -36,14 +37,12 @@ class ContentKeys:
     def block_hashes(self, rows: np.ndarray) -> np.ndarray:
         """uint64 hash of each row of an [n, block_size] int64 array of tokens."""
         h = rows.view(np.uint64) @ self.multipliers   # integer matmul wraps mod 2**64, as a sum would
-        h ^= h >> _SHIFT_A
-        h *= _MIX
-        h ^= h >> _SHIFT_B
+        h ^= h >> _FOLD   # one pass: a decode step pays for each
         return h
 
     def after(self, parent_keys: np.ndarray, hashes: np.ndarray) -> np.ndarray:
         """Keys of blocks that each follow their own parent prefix (uint64 arrays, elementwise)."""
-        return parent_keys * np.uint64(P) + hashes
+        return parent_keys * _P + hashes
 
     def chain(self, start: int, hashes: np.ndarray) -> np.ndarray:
         """Keys of consecutive blocks after the prefix keyed `start` (a Python int)."""

@@ -25,6 +25,7 @@ block already indexed) takes the sequential path, which handles every case.
 Every change goes through the manager's journal (`journal.py`), so a failed operation is undone.
 """
 
+from collections import deque
 from itertools import repeat
 from operator import itemgetter
 
@@ -133,18 +134,20 @@ class PrefixCache:
         """Blocks that each follow a block indexed before (a decode step's): all new contents
         with distinct keys, in one pass; anything else sequentially. Few array passes: this runs
         every decode step."""
-        roots = parents == NONE
-        some_roots = np.count_nonzero(roots)
-        nodes = self.block_node[parents]              # a root's -1 reads the last block's: reset
-        if some_roots:
+        nodes = self.block_node[parents]              # a root's -1 reads the last block's
+        some_roots = parents.min() == NONE            # rare: a sequence's first block
+        if some_roots or nodes.min() == NONE:
+            roots = parents == NONE
             nodes[roots] = NONE
+            if np.count_nonzero(nodes == NONE) != np.count_nonzero(roots):   # a parent is in the batch
+                self._fill_sequentially(blocks, parents, hashes)
+                return
         parent_keys = self.node_key[nodes]
         if some_roots:
             parent_keys[roots] = ROOT
         keys = self.keys.after(parent_keys, hashes)
         names = dict_keys(keys)
-        if (np.count_nonzero(nodes == NONE) != some_roots  # a parent not indexed before: in the batch
-                or len(set(names)) < len(names) or not self.by_key.keys().isdisjoint(names)):
+        if len(set(names)) < len(names) or not self.by_key.keys().isdisjoint(names):
             self._fill_sequentially(blocks, parents, hashes)
             return
         self._link(self._new_nodes(len(blocks)), blocks, nodes, keys, names)
@@ -159,14 +162,18 @@ class PrefixCache:
         start_key = ROOT if start_node == NONE else int(self.node_key[start_node])
         keys = self.keys.chain(start_key, hashes)
         names = dict_keys(keys)
-        found = self._probe(names)
-        existing = self._existing_prefix(found, start_node, self.block_tokens[blocks])
-        for block, node in zip(blocks[:existing].tolist(), found[:existing].tolist()):
-            self._join(node, block)
+        if names[0] in self.by_key:   # it may begin with a prefix indexed already
+            found = self._probe(names)
+            existing = self._existing_prefix(found, start_node, self.block_tokens[blocks])
+            for block, node in zip(blocks[:existing].tolist(), found[:existing].tolist()):
+                self._join(node, block)
+            taken = (found[existing:] != NONE).any()
+        else:   # a new first block: nothing after it can be indexed, only a key be taken
+            existing, taken = 0, not self.by_key.keys().isdisjoint(names)
         rest = names[existing:]
         if not rest:
             return
-        if (found[existing:] != NONE).any() or len(set(rest)) < len(rest):
+        if taken or len(set(rest)) < len(rest):
             self._fill_sequentially(blocks[existing:], blocks[existing - 1:-1] if existing else
                                     np.concatenate(([parent], blocks[:-1])), hashes[existing:])
             return
@@ -176,8 +183,6 @@ class PrefixCache:
 
     def _existing_prefix(self, found, parent: int, rows) -> int:
         """How many leading candidates are confirmed: the right parent and the same tokens."""
-        if found[0] == NONE:   # a new prompt's first block: nothing to confirm
-            return 0
         previous = np.concatenate(([parent], found[:-1]))
         safe = np.maximum(found, 0)
         holders = self.node_holder[safe]
@@ -273,22 +278,23 @@ class PrefixCache:
         if not len(blocks):
             return
         sole = (self.node_holder[nodes] == blocks) & (self.next_holder[blocks] == NONE)
-        if not sole.all() or len(np.unique(nodes)) < len(nodes):
+        order = np.argsort(nodes)
+        ranked = nodes[order]
+        if not sole.all() or (ranked[1:] == ranked[:-1]).any():   # shared contents, or a block twice
             for block in blocks.tolist():
                 self._forget_one(block)
             return
         self.journal.assign(self.block_node, blocks, NONE)
         self.journal.assign(self.node_holder, nodes, NONE)
-        self._remove(nodes[self._dying(nodes)])
+        self._remove(nodes[self._dying(nodes, order, ranked)])
         kept = self.node_parent[nodes] != FREED      # nobody holds them, but they have children
         for node, block in zip(nodes[kept].tolist(), blocks[kept].tolist()):
             self.journal.put(self.orphans, node, self.block_tokens[block].copy())
 
-    def _dying(self, nodes: np.ndarray) -> np.ndarray:
-        """Which of these nodes, nobody's holders now, go: those all of whose children go too
-        (found by counting children among them until it settles; deeper cases `_remove` cascades)."""
-        order = np.argsort(nodes)
-        ranked = nodes[order]
+    def _dying(self, nodes: np.ndarray, order: np.ndarray, ranked: np.ndarray) -> np.ndarray:
+        """Which of these distinct nodes (`ranked`: sorted, by `order`), nobody's holders now, go:
+        those all of whose children go too (found by counting children among them until it
+        settles; deeper cases `_remove` cascades)."""
         at = np.minimum(np.searchsorted(ranked, self.node_parent[nodes]), len(nodes) - 1)
         inside = ranked[at] == self.node_parent[nodes]        # the parent is one of `nodes`
         parent_index = order[at]
@@ -336,6 +342,8 @@ class PrefixCache:
             self.free_nodes.extend(dying.tolist())
             outside = parents[parents != NONE]
             outside = outside[self.node_parent[outside] != FREED]
+            if not len(outside):   # (a whole chain went) no ancestor is left to die
+                return
             journal.save(self.node_children, outside)
             np.subtract.at(self.node_children, outside, 1)
             dying = np.unique(outside[(self.node_children[outside] == 0) & (self.node_holder[outside] == NONE)])
@@ -394,10 +402,9 @@ class PrefixCache:
     def _unfile(self, names: list, nodes: list) -> None:
         """Take nodes out of the key index; a collided node moves up to a freed first place."""
         journal, by_key, collided = self.journal, self.by_key, self.collided
-        if not collided:   # every key names one node: plain deletes, one undo record
+        if not collided:   # every key names one node: plain deletes (in C), one undo record
             journal.undo.append((by_key.update, (list(zip(names, nodes)),)))
-            for name in names:
-                del by_key[name]
+            deque(map(by_key.__delitem__, names), maxlen=0)
             return
         for name, node in zip(names, nodes):
             others = tuple(n for n in (by_key[name], *collided.get(name, ())) if n != node)

@@ -172,3 +172,29 @@ def test_empty_batches_change_nothing():
     subject.cache.fill([], [])
     subject.cache.forget([])
     assert subject.journal.undo == [] and subject.cache.contents() == {}
+
+
+def test_the_common_cases_take_the_batched_paths(monkeypatch):
+    """A new prompt's chain, one that begins with a cached prefix, a decode step's blocks and the
+    eviction of sole holders are each one batched pass: the one-block-at-a-time paths, correct
+    but slow, are not reached, and only a chain that begins with a cached block probes its keys
+    one by one (real keys: no collisions)."""
+    reached = []
+    for name in ("_fill_sequentially", "_forget_one", "_probe"):
+        original = getattr(PrefixCache, name)
+        monkeypatch.setattr(PrefixCache, name, lambda self, *args, _o=original, _n=name: (reached.append(_n), _o(self, *args))[1])
+    subject = Subject()
+    subject.fill([0, 1, 2], [-1, 0, 1], [(1, 0), (0, 1), (1, 1)])     # a new prompt
+    subject.fill([3, 4], [2, 3], [(0, 0), (1, 0)])                    # its continuation
+    subject.fill([5, 6, 7], [-1, 5, 6], [(1, 0), (0, 1), (0, 0)])     # cached (1, 0), (0, 1), then new
+    subject.fill([8, 9], [4, 7], [(1, 1), (1, 1)])                    # a decode step
+    subject.agrees()
+    assert reached == ["_probe"]
+    assert subject.cache.lookup(np.array([1, 0, 0, 1, 0, 0, 1, 1, 5], dtype=np.int64), 4).tolist() == [0, 1, 7, 9]
+    reached.clear()
+    subject.forget([9, 8, 4])                                         # sole holders, two of one chain
+    subject.agrees()
+    assert reached == []
+    subject.forget([6])                                               # one of two holders: one at a time
+    subject.agrees()
+    assert reached == ["_forget_one"]
