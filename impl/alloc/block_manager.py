@@ -51,7 +51,7 @@ from .cpu_pool import CpuPool
 from .invariants import invariant_problems
 from .journal import Journal, atomic
 from .prefix_cache import PrefixCache
-from .rows import RUNNING_CODE, STATUSES, SWAPPED_CODE, WAITING_CODE, RowTables
+from .rows import RUNNING_CODE, STATUSES, SWAPPED_CODE, WAITING_CODE, DecodeRun, RowTables
 
 PREEMPT_MODES = ("recompute", "swap")
 
@@ -76,7 +76,7 @@ def _locked(method):
 
 
 class BlockManager:
-    capabilities = frozenset({"fork", "prefix_caching", "swap", "complete_cache", "spec_defaults"})
+    capabilities = frozenset({"fork", "prefix_caching", "swap", "complete_cache", "spec_defaults", "batch_tables"})
 
     def __init__(self, num_blocks: int, block_size: int, *, num_cpu_blocks: int = 0,
                  prefix_caching: bool = False, device="cpu", max_seqs: int = 256,
@@ -93,7 +93,9 @@ class BlockManager:
         self.num_blocks, self.block_size, self.num_cpu_blocks = num_blocks, block_size, num_cpu_blocks
         self.prefix_caching = prefix_caching
         self.journal = Journal()
-        self.block_tokens = np.zeros((num_blocks, block_size), dtype=np.int64)
+        # Written now (np.zeros would map the pages lazily): a page first touched by a decode step
+        # costs that step a page fault, several per step while fresh blocks are handed out.
+        self.block_tokens = np.full((num_blocks, block_size), 0, dtype=np.int64)
         # The same memory, one item of B int64 per block: numpy copies whole items fastest.
         self._block_items = self.block_tokens.view(np.dtype((np.void, 8 * block_size))).reshape(num_blocks)
         self._token_slots = self.block_tokens.reshape(-1)   # and one item per slot (block * B + offset)
@@ -107,10 +109,9 @@ class BlockManager:
         self._creations = 0
         self._last_batch = None               # (the list, its plain ids, rows, rows.version)
         # What the last batch append learnt, valid while no table changes (`rows.changes`, which
-        # every admission, preemption, resumption and free bumps): those rows all run, and the
-        # slots their new tokens went to (the decode slot mapping).
-        self._running_batch = None            # (rows, rows.changes)
-        self._appended_slots = None           # (rows, slots, rows.changes)
+        # every admission, preemption, resumption and free bumps): those rows all run, the slots
+        # their new tokens went to (the decode slot mapping), their lengths (`DecodeRun`).
+        self._run = None
         self.stats = dict.fromkeys(("prompt_tokens", "cached_tokens", "copies", "swap_outs",
                                     "swap_ins", "preempt_recompute", "preempt_swap"), 0)
         self._lock = threading.RLock()
@@ -284,7 +285,8 @@ class BlockManager:
         """int32 [N, M] block tables of these sequences on `device`, M = the most blocks any of
         them holds, -1 past a sequence's own blocks."""
         rows = self._rows(seq_ids)
-        return self.rows.device_tables(rows, int(self.rows.num_held[rows].max(initial=0)))
+        tables = self.rows.current_tables(rows)   # the batch's last tables, if no table changed
+        return self.rows.device_tables(rows) if tables is None else tables
 
     @_locked
     def seq_lens(self, seq_ids) -> torch.Tensor:
@@ -297,9 +299,10 @@ class BlockManager:
         `num_tokens`: one int for all, or one per sequence."""
         rows = self._rows(seq_ids)
         if type(num_tokens) is int and num_tokens == 1:
-            appended = self._appended_slots
-            if appended is not None and appended[0] is rows and appended[2] == self.rows.changes:
-                return torch.from_numpy(appended[1].copy()).to(self.device)
+            run = self._run
+            if run is not None and run.rows is rows and run.stamp == self.rows.changes:
+                slots = torch.from_numpy(run.slots.copy())
+                return slots if self.rows.on_host else slots.to(self.device)
         self._require_running(rows)
         lens = self.rows.seq_len[rows]
         if type(num_tokens) is int and num_tokens == 1:   # decode: one position per sequence
@@ -471,12 +474,12 @@ class BlockManager:
         """After a rollback: rows the memo saw may have been recycled and restored, and tables
         gathered, slots written or rows found running inside the transaction may show changes that
         were undone (most undo steps stamp nothing)."""
-        self._last_batch = self._running_batch = self._appended_slots = None
+        self._last_batch = self._run = None
         self.rows.last_gather = None
 
     def _require_running(self, rows: np.ndarray) -> None:
-        known = self._running_batch
-        if known is not None and known[0] is rows and known[1] == self.rows.changes:
+        run = self._run
+        if run is not None and run.rows is rows and run.stamp == self.rows.changes:
             return
         not_running = (self.rows.row_status[rows] != RUNNING_CODE).nonzero()[0]
         if len(not_running):
@@ -578,43 +581,47 @@ class BlockManager:
         return (needs_tail | cow).nonzero()[0], needs_tail, cow, lens, offsets, tails
 
     def _append_rows(self, rows: np.ndarray, tokens: np.ndarray) -> list:
-        appended = self._appended_slots
-        if appended is not None and appended[0] is rows and appended[2] == self.rows.changes:
-            return self._append_again(rows, tokens, appended[1])
+        run = self._run
+        if run is not None and run.rows is rows and run.stamp == self.rows.changes:
+            return self._append_again(rows, tokens, run)
         return self._append_planned(rows, tokens)
 
-    def _append_again(self, rows: np.ndarray, tokens: np.ndarray, last_slots: np.ndarray) -> list:
+    def _append_again(self, rows: np.ndarray, tokens: np.ndarray, run: DecodeRun) -> list:
         """The decode step right after a batch append of the same rows, no table changed since
-        (`rows.changes`). Each row's last token went to last_slots[i], so its next one goes to
-        the next slot, or to a new block where that tail is full. No partial tail is shared: that
-        append left each tail it wrote held once (fresh, copied, or its sharers copied), and only
-        a fork or an admission shares a partial block again, and both change a table."""
+        (`rows.changes`). Each row's last token went to run.slots[i], so its next one goes to
+        the next slot, or to a new block where that tail is full: the rows in the phase whose
+        offset comes round to 0 (`DecodeRun`). No partial tail is shared: that append left each
+        tail it wrote held once (fresh, copied, or its sharers copied), and only a fork or an
+        admission shares a partial block again, and both change a table."""
         B = self.block_size
-        slots = last_slots + 1
-        needy = (slots % B == 0).nonzero()[0]
+        if run.order is None:
+            run.phases(B)
+        step = run.steps + 1
+        needy = run.at_offset(-step % B)
         self._require_free(len(needy))
         if self.cache is not None and len(needy) > self.pool.queued:
             return self._append_planned(rows, tokens)   # evictions: the order-keeping path
+        slots = run.slots + 1
         if len(needy):
             new_blocks = self.pool.take(len(needy))
             self.rows.push_in_batch(rows, needy, new_blocks)
             slots[needy] = new_blocks * B
-        self._write_appended(rows, tokens, slots)
+        lens = self._write_appended(rows, tokens, slots, run.lens)
+        run.slots, run.lens, run.stamp, run.steps = slots, lens, self.rows.changes, step
         if self.cache is not None:
-            filled = (slots % B == B - 1).nonzero()[0]
+            filled = run.at_offset((B - 1 - step) % B)
             if len(filled):
                 self._index_filled_tails(rows[filled], slots[filled] // B)
         return []
 
-    def _write_appended(self, rows: np.ndarray, tokens: np.ndarray, slots: np.ndarray) -> None:
-        """Write each row's new token to its slot and count it; remember the slots (and that
-        these rows run) until a table changes."""
+    def _write_appended(self, rows: np.ndarray, tokens: np.ndarray, slots: np.ndarray, lens: np.ndarray) -> np.ndarray:
+        """Write each row's new token to its slot and count it (`lens`: the rows' lengths before);
+        returns their lengths now."""
         self.journal.undo.append((self._token_slots.__setitem__, (slots, self._token_slots.take(slots))))
         self._token_slots[slots] = tokens
-        lens = self.rows.seq_len[rows]
-        self.journal.assign(self.rows.seq_len, rows, lens + 1, old=lens)
-        self._running_batch = (rows, self.rows.changes)
-        self._appended_slots = (rows, slots, self.rows.changes)
+        grown = lens + 1
+        self.journal.assign(self.rows.seq_len, rows, grown, old=lens)
+        return grown
 
     def _append_planned(self, rows: np.ndarray, tokens: np.ndarray) -> list:
         needy, needs_tail, cow, lens, offsets, tails = self._plan_append(rows)
@@ -634,7 +641,8 @@ class BlockManager:
                 copies = self._copy_on_write(rows[needy[~is_tail]], tails[needy[~is_tail]], new_blocks[~is_tail])
             tails[needy] = new_blocks   # a fresh tail or the copy: either way the block written now
         slots = tails * self.block_size + offsets
-        self._write_appended(rows, tokens, slots)
+        # Remembered (the rows run, their slots and lengths) until a table changes.
+        self._run = DecodeRun(rows, slots, self._write_appended(rows, tokens, slots, lens), self.rows.changes)
         if self.cache is not None:
             filled = (offsets == self.block_size - 1).nonzero()[0]
             if len(filled):

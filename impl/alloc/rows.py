@@ -32,6 +32,7 @@ from pagedkv.spec import RUNNING, SWAPPED, WAITING
 RUNNING_CODE, WAITING_CODE, SWAPPED_CODE, UNUSED_CODE = range(4)   # row_status values
 STATUSES = (RUNNING, WAITING, SWAPPED)                             # row_status value -> spec status
 MIN_CAPACITY = 4                                                   # smallest segment, in blocks
+SPARE_COLUMNS = 8                                                  # kept past a gathered batch's width
 ROW_ARRAYS = {"seq_len": (np.int64, 0), "num_held": (np.int64, 0), "admitted": (np.int64, 0),
               "row_status": (np.int8, UNUSED_CODE), "start": (np.int64, 0), "capacity": (np.int64, 0)}
 _row_arrays = attrgetter(*ROW_ARRAYS)                              # RowTables -> its per-row arrays
@@ -45,6 +46,7 @@ def capacity_for(blocks: int) -> int:
 class RowTables:
     def __init__(self, max_seqs: int, blocks_per_seq: int, device: torch.device, journal):
         self.device = device
+        self.on_host = device.type == "cpu"                   # tensors handed out need no move
         self.journal = journal
         for name, (dtype, fill) in ROW_ARRAYS.items():
             setattr(self, name, np.full(max_seqs, fill, dtype=dtype))
@@ -169,15 +171,17 @@ class RowTables:
 
     def push_in_batch(self, batch: np.ndarray, positions: np.ndarray, blocks: np.ndarray) -> None:
         """`push(batch[positions], blocks)`. When the last gather was of `batch` and nothing
-        changed since, the new blocks are written into its tables too (each inside its width), so
-        the next gather of the batch copies them instead of gathering those rows again. A rollback
-        drops the gather (`last_gather`), so a push undone is never seen there."""
+        changed since, the new blocks are written into its tables too (inside its spare columns),
+        so the next gather of the batch copies them instead of gathering those rows again. A
+        rollback drops the gather (`last_gather`), so a push undone is never seen there."""
         last = self.last_gather
         current = last is not None and last[0] is batch and last[3] == self.changes
         held = self.push(batch[positions], blocks)
-        if current and held.max() < last[1]:
-            last[2][positions, held] = blocks
-            self.last_gather = (batch, last[1], last[2], self.changes)
+        if current:
+            top = int(held.max()) + 1   # the most blocks a pushed row holds now
+            if top <= last[2].shape[1]:
+                last[2][positions, held] = blocks
+                self.last_gather = (batch, max(last[1], top), last[2], self.changes)
 
     def _unpush(self, rows: np.ndarray, held: np.ndarray, slots: np.ndarray) -> None:
         self.arena[slots] = -1   # past each table inside its segment, as before the push
@@ -209,29 +213,39 @@ class RowTables:
         """Block `index[i]` of the table of rows[i] (each index below that row's blocks held)."""
         return self.arena[self.start[rows] + index].astype(np.int64)
 
-    def device_tables(self, rows: np.ndarray, width: int) -> torch.Tensor:
-        """int32 [len(rows), width] tables on the device (a new tensor the caller owns)."""
-        return torch.from_numpy(self._gather_again(rows, width)).to(self.device)
+    def device_tables(self, rows: np.ndarray) -> torch.Tensor:
+        """int32 [len(rows), M] tables on the device (a new tensor the caller owns), M = the most
+        blocks any of the rows holds, -1 past each row's own blocks."""
+        tables = torch.from_numpy(self._gather_again(rows))
+        return tables if self.on_host else tables.to(self.device)
 
-    def _gather_again(self, rows: np.ndarray, width: int) -> np.ndarray:
-        """`gather`, reusing the last call's tables when it asked for the same rows: only rows
-        stamped since are gathered again, then the whole is copied once. A width that changed
-        keeps the other rows too: they hold at most both widths' blocks, -1 after them."""
+    def current_tables(self, rows: np.ndarray):
+        """`device_tables(rows)` when the last gather was of this very `rows` and no table changed
+        since (a copy of it, nothing else read); None otherwise."""
         last = self.last_gather
-        if last is not None and (last[0] is rows or (
+        if last is None or last[0] is not rows or last[3] != self.changes:
+            return None
+        tables = torch.from_numpy(last[2][:, :last[1]].copy())
+        return tables if self.on_host else tables.to(self.device)
+
+    def _gather_again(self, rows: np.ndarray) -> np.ndarray:
+        """`gather` at the most blocks any row holds, reusing the last call's tables when it asked
+        for the same rows: only rows stamped since are gathered again. The tables are kept with
+        `SPARE_COLUMNS` more columns than that (all -1), so a batch whose tables grow by a block
+        reuses them until it outgrows them; each call hands out a copy of the used columns."""
+        width = int(self.num_held[rows].max(initial=0))
+        last = self.last_gather
+        if last is not None and width <= last[2].shape[1] and (last[0] is rows or (
                 len(last[0]) == len(rows) and not np.count_nonzero(last[0] != rows))):
             tables = last[2]
-            if width != last[1]:
-                tables = np.concatenate([tables, np.full((len(rows), width - last[1]), -1, dtype=np.int32)], axis=1) \
-                    if width > last[1] else tables[:, :width]
             if last[3] != self.changes:   # some table changed since: gather its rows again
                 changed = (self.changed_at[rows] > last[3]).nonzero()[0]
                 if len(changed):
-                    tables[changed] = self.gather(rows[changed], width)
+                    tables[changed] = self.gather(rows[changed], tables.shape[1])
         else:
-            tables = self.gather(rows, width)
+            tables = self.gather(rows, width + SPARE_COLUMNS)
         self.last_gather = (rows, width, tables, self.changes)
-        return tables.copy()
+        return tables[:, :width].copy()
 
     def _windows(self, width: int) -> np.ndarray:
         """The arena as overlapping rows of `width` slots (row i starts at slot i), a read-only view
@@ -250,31 +264,35 @@ class RowTables:
     # ---------------------------------------------------------------- segments
 
     def _move(self, rows: np.ndarray, held: np.ndarray) -> None:
-        """Move each (full) row's table to a segment twice its size at the used end."""
-        journal = self.journal
+        """Move each full row's table (its held[i] blocks) to a segment twice its size at the used
+        end, compacting first if the arena has no room. One undo record: the slots it writes were
+        past the used end, so -1 (`problems`), and the rows' fields are read after any compaction."""
         old_caps = self.capacity[rows]
-        self._place(rows, np.maximum(MIN_CAPACITY, 2 * old_caps), copy_held=held)
-        journal.set(self, "live", self.live - int(old_caps.sum()))
-
-    def _place(self, rows: np.ndarray, caps: np.ndarray, copy_held=None) -> None:
-        """Give each row a new segment of caps[i] slots at the used end (compacting first if the
-        arena has no room), copying its first copy_held[i] blocks over when given."""
-        journal = self.journal
+        caps = np.maximum(MIN_CAPACITY, 2 * old_caps)
         need = int(caps.sum())
         if self.used + need > len(self.arena):
             self._compact(room=need)
-        starts = self.used + np.cumsum(caps) - caps
-        if copy_held is not None and copy_held.sum():
-            offsets = np.arange(int(copy_held.sum())) - np.repeat(np.cumsum(copy_held) - copy_held, copy_held)
-            journal.assign(self.arena, np.repeat(starts, copy_held) + offsets,
-                           self.arena[np.repeat(self.start[rows], copy_held) + offsets])
-        journal.assign(self.start, rows, starts)
-        journal.assign(self.capacity, rows, caps)
-        journal.set(self, "used", self.used + need)
-        journal.set(self, "live", self.live + need)
+        starts = np.cumsum(caps) + (self.used - caps)
+        first = np.cumsum(held) - held                 # where each row's blocks begin in the copy
+        copied = np.arange(int(first[-1] + held[-1]))
+        old_starts = self.start[rows]
+        dst = copied + np.repeat(starts - first, held)
+        self.journal.undo.append((self._unmove, (rows, old_starts, old_caps, dst, self.used, self.live)))
+        self.arena[dst] = self.arena[copied + np.repeat(old_starts - first, held)]
+        self.start[rows] = starts
+        self.capacity[rows] = caps
+        self.live += need - int(old_caps.sum())
+        self.used += need
+
+    def _unmove(self, rows: np.ndarray, starts: np.ndarray, caps: np.ndarray, written: np.ndarray,
+                used: int, live: int) -> None:
+        self.arena[written] = -1
+        self.start[rows], self.capacity[rows] = starts, caps
+        self.used, self.live = used, live
 
     def _place_one(self, row: int, capacity: int) -> None:
-        """`_place` for one saved row (`save_row`): its fields and the counts change unrecorded."""
+        """A new segment at the used end for one saved row (`save_row`): its fields and the counts
+        change unrecorded."""
         if self.used + capacity > len(self.arena):
             self._compact(room=capacity)
         self.start[row], self.capacity[row] = self.used, capacity
@@ -351,3 +369,32 @@ class RowTables:
         if len(set(free)) != len(free) or len(set(free) | set(live)) != len(self):
             problems.append("the free rows and the live rows do not partition the rows")
         return problems
+
+
+class DecodeRun:
+    """What the last batch append learnt about its rows (`rows`, the batch's row array), valid
+    while no table changes (`RowTables.changes == stamp`): those rows all run, the last token of
+    rows[i] went to slot slots[i], and its length is lens[i].
+
+    Each append of the same batch after it moves every row one slot on, so a row starts a new
+    block every B appends, in step with the rows whose slots had the same offset in their block:
+    `phases` sorts the positions by that offset (at `steps` == 0, when built), so the rows that
+    start or fill a block at an append are one slice of it, found with no pass over the batch."""
+
+    __slots__ = ("rows", "slots", "lens", "stamp", "steps", "order", "bounds")
+
+    def __init__(self, rows: np.ndarray, slots: np.ndarray, lens: np.ndarray, stamp: int):
+        self.rows, self.slots, self.lens, self.stamp = rows, slots, lens, stamp
+        self.steps = 0
+        self.order = self.bounds = None   # built by the first append that needs them
+
+    def phases(self, block_size: int) -> None:
+        offsets = self.slots % block_size
+        self.order = np.argsort(offsets, kind="stable")   # positions ascending within an offset
+        counts = np.bincount(offsets, minlength=block_size)
+        self.bounds = [0, *np.cumsum(counts).tolist()]
+        self.steps = 0
+
+    def at_offset(self, offset: int) -> np.ndarray:
+        """Positions (ascending) whose slot had this offset in its block when the phases were built."""
+        return self.order[self.bounds[offset]:self.bounds[offset + 1]]

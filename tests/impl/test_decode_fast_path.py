@@ -52,14 +52,16 @@ between = st.sampled_from(["nothing", "tables", "preempt", "resume", "fork", "ad
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
-@given(st.lists(st.tuples(st.integers(1, 4), between, st.integers(0, 3), st.integers(0, 9)), min_size=1, max_size=30),
-       st.booleans(), st.integers(24, 64))
-def test_the_short_path_answers_as_the_full_plan(events, caching, num_blocks):
+@given(st.lists(st.tuples(st.integers(1, 9), between, st.integers(0, 3), st.integers(0, 9)), min_size=1, max_size=30),
+       st.booleans(), st.integers(24, 64), st.integers(1, 5))
+def test_the_short_path_answers_as_the_full_plan(events, caching, num_blocks, B):
+    """Block sizes 1 to 5 and runs of up to 9 steps: every row starts a new block within a run,
+    each in its own phase (the prompts' lengths 1 to 4 leave every offset in a block)."""
     same, fresh = (BlockManager(num_blocks, B, num_cpu_blocks=16, prefix_caching=caching) for _ in range(2))
     batch = [0, 1, 2, 3]
     for bm in (same, fresh):
         for seq_id in batch:
-            bm.add(seq_id, [seq_id % 2, 1, 2][:1 + seq_id % 3])
+            bm.add(seq_id, [seq_id % 2, 1, 2, 3][:1 + seq_id])
     new_ids = iter(range(100, 200))
     for decode_steps, event, victim, token in events:
         for step in range(decode_steps):
