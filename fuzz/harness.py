@@ -471,7 +471,10 @@ class Conformance:
         """Capability `batch_tables`: the subject's tables of a batch of running sequences (`same_list`:
         the list object of the previous call, unchanged) must be each one's own table, checked by
         `table`, padded with -1 to the batch's widest. Engines pass one list step after step, so a
-        subject may remember batches; a memo that is wrong shows here, not in `block_table`."""
+        subject may remember batches; a memo that is wrong shows here, not in `block_table`. A read
+        naming a sequence that does not run (a replayed program with steps dropped) is skipped."""
+        if not set(seqs) <= set(self.running()):
+            return
         if not (same_list and self.batch == seqs):
             self.batch = list(seqs)
         self.program.append(("block_tables", (list(seqs), same_list)))

@@ -416,6 +416,13 @@ def test_a_batch_read_is_replayed_with_the_same_list_object_when_the_program_say
     assert first is again and fresh is not first and first == fresh == [2, 1]
 
 
+def test_a_replayed_batch_read_of_a_sequence_that_no_longer_runs_is_skipped():
+    # What the campaign's step dropping replays: the add of 2 dropped, the read of [2, 1] stays.
+    config = {"num_blocks": 4, "block_size": 2, "prefix_caching": False, "num_cpu_blocks": 0}
+    replay(MemoByShape, config, [("add", (1, [0, 1, 2])), ("block_tables", ([2, 1], False)),
+                                 ("block_tables", ([1], False))], capabilities=MemoByShape.capabilities)
+
+
 def test_a_subject_declaring_batch_tables_must_have_them():
     from pagedkv.fuzz.subjects import UsageError, _probe
 
