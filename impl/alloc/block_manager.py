@@ -165,7 +165,9 @@ class BlockManager:
     def free(self, seq_id: int) -> None:
         """Finish or cancel a sequence in any status and release everything it holds."""
         seq_id = plain_seq_id(seq_id)
-        row = self._row(seq_id)
+        row = self.row_of.get(seq_id)
+        if row is None:
+            raise UnknownSequence(seq_id)
         self.pool.release(self.rows.table_view(row))
         self.cpu_pool.release(self.rows.seq[row].cpu_block_table)
         self.journal.pop_ordered(self.row_of, seq_id, self._creation)
@@ -195,7 +197,7 @@ class BlockManager:
             self.copies.add("swap_out", copies)
             self._count("preempt_swap", 1)
             self._count("swap_outs", len(copies))
-        self.pool.release(table)
+        self.pool.release(self.rows.table_view(row))
         self.rows.set_table(row, [])
         self.rows.row_status[row] = WAITING_CODE if mode == "recompute" else SWAPPED_CODE
         return copies

@@ -21,6 +21,7 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.journal = journal
         self.ref_count = np.zeros(num_blocks, dtype=np.int32)
+        self._ones = np.ones(num_blocks, dtype=np.int32).tobytes()   # ref counts of a table held once
         self.ring = np.arange(num_blocks, dtype=np.int64)   # the free queue: ring[head], ... (wrapping)
         self.head = 0
         self.queued = num_blocks
@@ -32,27 +33,36 @@ class BlockPool:
     @property
     def free_queue(self) -> list:
         """The never-cached free blocks, oldest first (a copy)."""
-        return self.ring[self._ring_slots(self.head, self.queued)].tolist()
+        return self._ring_read(self.head, self.queued).tolist()
 
     def num_free(self) -> int:
         """Blocks an allocation could take now."""
         return self.queued + len(self.evictable)
 
-    def _ring_slots(self, start: int, count: int):
-        """Ring positions start, start + 1, ... (`count` of them, wrapping): a slice when they do
-        not wrap."""
+    def _ring_read(self, start: int, count: int) -> np.ndarray:
+        """A copy of ring positions start, start + 1, ... (`count` of them, wrapping): one slice,
+        or two where they wrap (no index arrays)."""
         end = start + count
         if end <= self.num_blocks:
-            return slice(start, end)
-        return np.concatenate([np.arange(start, self.num_blocks), np.arange(end - self.num_blocks)])
+            return self.ring[start:end].copy()
+        return np.concatenate((self.ring[start:], self.ring[:end - self.num_blocks]))
+
+    def _ring_write(self, start: int, values: np.ndarray) -> None:
+        """`values` into ring positions start, start + 1, ... (wrapping)."""
+        end = start + len(values)
+        if end <= self.num_blocks:
+            self.ring[start:end] = values
+        else:
+            split = self.num_blocks - start
+            self.ring[start:] = values[:split]
+            self.ring[:end - self.num_blocks] = values[split:]
 
     def take(self, n: int) -> np.ndarray:
         """`n` new blocks with ref count 1 (int64): oldest free first, then evict least recently
         released. The caller has checked that `n <= num_free()`."""
         journal = self.journal
         from_queue = min(n, self.queued)
-        blocks = self.ring[self._ring_slots(self.head, from_queue)]   # a copy if it wrapped
-        blocks = blocks.copy() if blocks.base is not None else blocks
+        blocks = self._ring_read(self.head, from_queue)
         if n > from_queue:
             evicted = list(islice(self.evictable.items(), n - from_queue))   # least recent first
             journal.undo.append((self._restore_lru_front, (evicted,)))
@@ -111,13 +121,16 @@ class BlockPool:
         np.subtract.at(self.ref_count, blocks, 1)
 
     def release(self, table) -> None:
-        """Drop one reference to each block of a table, tail first, so a prefix's head is evicted
+        """Drop one reference to each block of a table (an int array), tail first, so a prefix's head is evicted
         last. A block nobody holds becomes evictable if indexed, else free (its content wiped)."""
         journal = self.journal
-        tail_first = np.asarray(table, dtype=np.int64)[::-1]
+        tail_first = table[::-1].astype(np.int64)   # a copy: the table's own storage changes next
         old = self.ref_count[tail_first]
-        left = old - 1
-        dead = tail_first[left == 0]
+        if old.tobytes() == self._ones[:4 * len(old)]:   # held once each (no fork, no hit): all die
+            left, dead = 0, tail_first
+        else:
+            left = old - 1
+            dead = tail_first[left == 0]
         if self.cache is None:
             free = dead
         else:
@@ -129,15 +142,15 @@ class BlockPool:
             first = self.releases + 1
             self.evictable.update(zip(indexed, range(first, first + len(indexed))))
             journal.set(self, "releases", self.releases + len(indexed))
-        slots = self._ring_slots((self.head + self.queued) % self.num_blocks, len(free))
-        journal.undo.append((self._unrelease_refs, (tail_first, old, slots, self.ring[slots].copy(), self.queued)))
+        end = (self.head + self.queued) % self.num_blocks
+        journal.undo.append((self._unrelease_refs, (tail_first, old, end, self._ring_read(end, len(free)), self.queued)))
         self.ref_count[tail_first] = left
-        self.ring[slots] = free
+        self._ring_write(end, free)
         self.queued += len(free)
 
-    def _unrelease_refs(self, table: np.ndarray, old: np.ndarray, slots, overwritten: np.ndarray, queued: int) -> None:
+    def _unrelease_refs(self, table: np.ndarray, old: np.ndarray, end: int, overwritten: np.ndarray, queued: int) -> None:
         self.ref_count[table] = old
-        self.ring[slots] = overwritten   # a transaction's older step may need these slots again
+        self._ring_write(end, overwritten)   # a transaction's older step may need these slots again
         self.queued = queued
 
     def _unrelease(self, indexed: list) -> None:

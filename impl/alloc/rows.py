@@ -161,7 +161,7 @@ class RowTables:
         held = self.num_held[rows]
         full = held >= self.capacity[rows]
         if np.count_nonzero(full):
-            self._move(rows[full], held[full])
+            self._move(rows[full])
         slots = self.start[rows] + held
         journal.undo.append((self._unpush, (rows, held, slots)))
         self.arena[slots] = blocks
@@ -263,30 +263,34 @@ class RowTables:
 
     # ---------------------------------------------------------------- segments
 
-    def _move(self, rows: np.ndarray, held: np.ndarray) -> None:
-        """Move each full row's table (its held[i] blocks) to a segment twice its size at the used
-        end, compacting first if the arena has no room. One undo record: the slots it writes were
-        past the used end, so -1 (`problems`), and the rows' fields are read after any compaction."""
-        old_caps = self.capacity[rows]
-        caps = np.maximum(MIN_CAPACITY, 2 * old_caps)
-        need = int(caps.sum())
+    def _move(self, rows: np.ndarray) -> None:
+        """Move each full row's table (as many blocks as its segment holds, at least one) to a
+        segment twice its size at the used end, compacting first if the arena has no room. The
+        rows of one capacity are copied as one block of the arena (few numpy operations for a
+        decode step's rows, which mostly share it). One undo record: the slots written were past
+        the used end, so -1 (`problems`); the rows' fields are read after any compaction."""
+        caps = self.capacity[rows]
+        need = 2 * int(caps.sum())
         if self.used + need > len(self.arena):
             self._compact(room=need)
-        starts = np.cumsum(caps) + (self.used - caps)
-        first = np.cumsum(held) - held                 # where each row's blocks begin in the copy
-        copied = np.arange(int(first[-1] + held[-1]))
-        old_starts = self.start[rows]
-        dst = copied + np.repeat(starts - first, held)
-        self.journal.undo.append((self._unmove, (rows, old_starts, old_caps, dst, self.used, self.live)))
-        self.arena[dst] = self.arena[copied + np.repeat(old_starts - first, held)]
+        used, old_starts = self.used, self.start[rows]
+        self.journal.undo.append((self._unmove, (rows, old_starts, caps, used, self.live)))
+        starts = np.empty_like(old_starts)
+        sizes = sorted(set(caps.tolist()))
+        for cap in sizes:
+            group = (caps == cap).nonzero()[0] if len(sizes) > 1 else slice(None)
+            count = len(rows) if len(sizes) == 1 else len(group)
+            segments = self.arena[used:used + 2 * cap * count].reshape(count, 2 * cap)
+            segments[:, :cap] = self.arena[old_starts[group, None] + np.arange(cap)]
+            starts[group] = np.arange(used, used + 2 * cap * count, 2 * cap)
+            used += 2 * cap * count
         self.start[rows] = starts
-        self.capacity[rows] = caps
-        self.live += need - int(old_caps.sum())
-        self.used += need
+        self.capacity[rows] = 2 * caps
+        self.live += need // 2   # each segment given up for one twice its size
+        self.used = used
 
-    def _unmove(self, rows: np.ndarray, starts: np.ndarray, caps: np.ndarray, written: np.ndarray,
-                used: int, live: int) -> None:
-        self.arena[written] = -1
+    def _unmove(self, rows: np.ndarray, starts: np.ndarray, caps: np.ndarray, used: int, live: int) -> None:
+        self.arena[used:self.used] = -1
         self.start[rows], self.capacity[rows] = starts, caps
         self.used, self.live = used, live
 
@@ -301,10 +305,17 @@ class RowTables:
 
     def _drop_segment(self, row: int) -> None:
         """The (saved) row's segment is garbage now (its slots are never read again: a window that
-        reads past a narrower segment is reset); compact if three quarters of the arena are garbage."""
+        reads past a narrower segment is reset); compact if three quarters of the arena are garbage.
+        The segment placed last is given back to the used end instead (its blocks reset to -1, as
+        past `used`): a sequence freed right after its admission, or preempted, leaves no garbage,
+        so admitting and freeing one after another never compacts."""
         capacity = int(self.capacity[row])
         if capacity == 0:
             return
+        start = int(self.start[row])
+        if start + capacity == self.used:
+            self.journal.assign(self.arena, slice(start, start + int(self.num_held[row])), -1)
+            self.used = start
         self.capacity[row] = self.start[row] = 0
         self.live -= capacity
         if self.live <= len(self.arena) // 4 and len(self.arena) > self.min_arena:

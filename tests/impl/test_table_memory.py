@@ -136,3 +136,36 @@ def test_table_bytes_count_every_array_the_tables_own(lengths, data):
         bm.free(seq_id)
     owned = [value for value in vars(bm.rows).values() if isinstance(value, np.ndarray)]
     assert bm.rows.nbytes == sum(array.nbytes for array in owned)
+
+
+# ------------------------------------------------------------------ the segment placed last
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.lists(st.integers(1, 90), min_size=1, max_size=6), st.lists(st.integers(1, 300), min_size=1, max_size=40))
+def test_admitting_and_freeing_one_after_another_never_compacts(kept, churn):
+    """A sequence freed right after its admission gives its segment back to the used end: in an
+    arena sized for all of them from the start (as an engine sizes it), the arena stays the same
+    object, its used end returns where it was, and nothing is left past it."""
+    bm = BlockManager(sum(kept) + max(churn) + 8, 1, max_seqs=len(kept) + 1, max_blocks_per_seq=max(kept + churn))
+    for seq_id, length in enumerate(kept):
+        bm.add(seq_id, [seq_id] * length)
+    arena, used = bm.rows.arena, bm.rows.used
+    for length in churn:
+        bm.add(99, [7] * length)
+        bm.free(99)
+        assert bm.rows.arena is arena and bm.rows.used == used
+        assert not np.count_nonzero(arena[used:] != -1)
+    bm.check()
+
+
+def test_a_segment_not_placed_last_stays_garbage_until_the_last_one_goes():
+    bm = BlockManager(64, 1, max_seqs=4, max_blocks_per_seq=1)
+    bm.add(1, [1] * 5)   # a segment of 8
+    bm.add(2, [2] * 3)   # a segment of 4, placed last
+    assert bm.rows.used == 12
+    bm.free(1)
+    assert bm.rows.used == 12 and bm.block_table(2) == list(bm.rows.arena[8:11])
+    bm.free(2)
+    assert bm.rows.used == 8   # back to where 2's segment began; 1's garbage waits for a compaction
+    assert not np.count_nonzero(bm.rows.arena[8:] != -1)
+    bm.check()

@@ -80,3 +80,36 @@ def test_a_strided_array_prompt_is_stored_as_its_values(tokens, stride):
     bm.add(1, backing[::stride])
     backing[:] = 7
     assert bm.tokens(1) == tokens
+
+
+# Values whose sign is read from one byte: each byte's top bit set or not, around the int64 edges.
+INT64_EDGES = [0, 1, 2 ** 7, 2 ** 55, 2 ** 56 - 1, 2 ** 56, 2 ** 62, 2 ** 63 - 1,
+               -1, -2, -2 ** 7, -2 ** 55, -2 ** 56, -2 ** 62, -2 ** 63]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.one_of(st.sampled_from(INT64_EDGES), st.integers(-2 ** 63, 2 ** 63 - 1), st.integers(0, 40)),
+                min_size=1, max_size=40),
+       st.sampled_from(["<i8", ">i8"]), st.sampled_from([1, 2, -1]))
+def test_an_int64_array_passes_exactly_when_no_token_is_negative(tokens, byte_order, stride):
+    """Either byte order, contiguous or a strided or reversed view: accepted (and stored as its
+    values) exactly when every token is >= 0; refused with nothing changed otherwise."""
+    backing = np.zeros(len(tokens) * abs(stride), dtype=byte_order)
+    view = backing[::stride] if stride > 0 else backing[::-1]
+    view[:] = tokens
+    bm = BlockManager(64, 4)
+    decoding = [10 + i for i in range(len(tokens))]
+    for seq_id in decoding:
+        bm.add(seq_id, [3, 4, 5])
+    before = manager_state(bm)
+    if min(tokens) < 0:
+        for call in (lambda: bm.add(1, view), lambda: bm.append_batch(decoding, view),
+                     lambda: bm.cached_prefix_tokens(view)):
+            with pytest.raises(InvalidArgument, match="tokens are ints"):
+                call()
+            assert manager_state(bm) == before
+        return
+    bm.add(1, view)
+    assert bm.tokens(1) == tokens
+    bm.append_batch(decoding, view)
+    assert [bm.tokens(seq_id)[-1] for seq_id in decoding] == tokens

@@ -1,0 +1,60 @@
+"""The GPU block pool without prefix caching against a model of the spec's pool: a FIFO free
+queue (kept as a ring that wraps) and ref counts; a released table gives its dead blocks back
+tail first. Every step recorded in the journal is undone exactly by a rollback."""
+
+from collections import deque
+
+import numpy as np
+from hypothesis import example, given, settings, strategies as st
+
+from pagedkv.impl.alloc.block_pool import BlockPool
+from pagedkv.impl.alloc.journal import Journal
+
+
+def pool_state(pool: BlockPool) -> tuple:
+    return pool.free_queue, pool.ref_count.tolist(), pool.num_free()
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(st.integers(1, 9), st.lists(st.tuples(st.sampled_from(["take", "share", "release", "undone"]),
+                                             st.integers(0, 9), st.integers(0, 9)), max_size=40))
+@example(4, [("take", 2, 0), ("release", 0, 0), ("take", 4, 0), ("release", 0, 0)])   # a release that wraps
+def test_the_pool_takes_and_releases_like_a_fifo_of_ref_counts(num_blocks, program):
+    journal = Journal()
+    pool = BlockPool(num_blocks, journal)
+    free, refs, tables = deque(range(num_blocks)), [0] * num_blocks, []
+    for op, a, b in program:
+        if op == "take" and a <= len(free):
+            blocks = pool.take(a)
+            expected = [free.popleft() for _ in range(a)]
+            assert blocks.dtype == np.int64 and blocks.tolist() == expected
+            for block in expected:
+                refs[block] = 1
+            tables.append(expected)
+        elif op == "share" and tables:   # another holder of a table (a fork)
+            table = tables[a % len(tables)]
+            pool.share(np.array(table, dtype=np.int64))
+            for block in table:
+                refs[block] += 1
+            tables.append(list(table))
+        elif op == "release" and tables:
+            table = tables.pop(a % len(tables))
+            pool.release(np.array(table, dtype=np.int32))   # as the table arena holds it
+            for block in reversed(table):
+                refs[block] -= 1
+                if refs[block] == 0:
+                    free.append(block)
+        elif op == "undone":   # any of the steps, then a rollback: nothing changed
+            before = pool_state(pool)
+            released = sorted({a % len(tables), b % len(tables)}) if tables else []
+            pool.release(np.array(tables[released[0]], dtype=np.int32)) if released else None
+            if a <= pool.num_free():
+                taken = pool.take(a)   # may take blocks that release freed, and wrap the ring
+                if b % 3 == 0:         # given back: into ring slots that the take emptied
+                    pool.release(taken.astype(np.int32))
+            for i in released[1:]:
+                pool.release(np.array(tables[i], dtype=np.int32))
+            journal.rollback()
+            assert pool_state(pool) == before
+        journal.undo.clear()   # each step commits
+        assert pool_state(pool) == (list(free), refs, len(free))
