@@ -73,24 +73,50 @@ class PrefixCache:
         if max_blocks <= 0:
             return np.empty(0, dtype=np.int64)
         rows = tokens[:max_blocks * self.block_tokens.shape[1]].reshape(max_blocks, -1)
-        keys = self.keys.chain(ROOT, self.keys.block_hashes(rows))
-        names = dict_keys(keys)
-        if names[0] not in self.by_key:   # a new prompt: not even its first block is indexed
-            return np.empty(0, dtype=np.int64)
+        nodes, served = self._run(rows)
+        start = len(nodes)
+        if start == max_blocks:
+            return served
+        parent = int(nodes[-1]) if start else NONE
+        parent_key = int(self.node_key[parent]) if start else ROOT
+        if dict_key(step(parent_key, int(self.keys.block_hashes(rows[start:start + 1])[0]))) not in self.by_key:
+            return served   # the next block is not indexed (a new prompt, or new text after a cached prefix)
+        rows = rows[start:]
+        names = dict_keys(self.keys.chain(parent_key, self.keys.block_hashes(rows)))
         found = self._probe(names)
-        previous = np.concatenate(([NONE], found[:-1]))
+        previous = np.concatenate(([parent], found[:-1]))
         safe = np.maximum(found, 0)
         holders = self.node_holder[safe]
         confirmed = (found != NONE) & (self.node_parent[safe] == previous) & (holders != NONE)
         held = self.block_tokens[np.maximum(holders, 0)]
         if not np.array_equal(held, rows):   # one pass when every block hits (the common case)
             confirmed &= (held == rows).all(axis=1)
-        hits = int(np.argmin(confirmed)) if not confirmed.all() else max_blocks
-        served = holders[:hits]
-        if hits < max_blocks and found[hits] != NONE and self.collided:
-            more = self._lookup_sequentially(names, rows, hits, int(found[hits - 1]) if hits else NONE)
+        hits = int(np.argmin(confirmed)) if not confirmed.all() else len(rows)
+        served = np.concatenate((served, holders[:hits]))
+        if hits < len(rows) and found[hits] != NONE and self.collided:
+            more = self._lookup_sequentially(names, rows, hits, int(found[hits - 1]) if hits else parent)
             served = np.concatenate((served, np.array(more, dtype=np.int64)))
         return served
+
+    def _run(self, rows) -> tuple:
+        """The leading prefixes of these rows whose nodes are consecutive ids from the first
+        block's node on, confirmed by parent, holder and tokens, and their holders: a prefix
+        linked in one pass (a prompt's chain, from fresh ids or a run of recycled ones) is
+        served without a key per block. Where the run ends, the caller probes by key."""
+        first = self.by_key.get(dict_key(step(ROOT, int(self.keys.block_hashes(rows[:1])[0]))), NONE)
+        if first == NONE:
+            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        end = min(first + len(rows), len(self.node_parent))
+        nodes = np.arange(first, end, dtype=np.int64)
+        holders = self.node_holder[first:end]
+        linked = (self.node_parent[first:end] == nodes - 1) & (holders != NONE)
+        linked[0] = self.node_parent[first] == NONE and holders[0] != NONE
+        run = int(np.argmin(linked)) if not linked.all() else len(nodes)
+        held = self.block_tokens[holders[:run]]
+        if not np.array_equal(held, rows[:run]):
+            same = (held == rows[:run]).all(axis=1)
+            run = int(np.argmin(same))
+        return nodes[:run], holders[:run].copy()   # a copy: the caller keeps it as the index changes
 
     def _probe(self, names: list) -> np.ndarray:
         """The node filed first under each key (-1: none): one C-level pass when all are there."""

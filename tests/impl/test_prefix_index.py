@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import pagedkv.impl.alloc.prefix_cache as prefix_cache
 from pagedkv.impl import BlockManager
 from pagedkv.impl.alloc.journal import Journal
+from pagedkv.impl.alloc.content_keys import ROOT, step
 from pagedkv.impl.alloc.prefix_cache import PrefixCache
 
 B, NUM_BLOCKS = 2, 12
@@ -177,8 +178,9 @@ def test_empty_batches_change_nothing():
 def test_the_common_cases_take_the_batched_paths(monkeypatch):
     """A new prompt's chain, one that begins with a cached prefix, a decode step's blocks and the
     eviction of sole holders are each one batched pass: the one-block-at-a-time paths, correct
-    but slow, are not reached, and only a chain that begins with a cached block probes its keys
-    one by one (real keys: no collisions)."""
+    but slow, are not reached; only a chain that begins with a cached block probes its keys one
+    by one, and a lookup only past the run of node ids one chain's fill made (real keys: no
+    collisions)."""
     reached = []
     for name in ("_fill_sequentially", "_forget_one", "_probe"):
         original = getattr(PrefixCache, name)
@@ -190,7 +192,13 @@ def test_the_common_cases_take_the_batched_paths(monkeypatch):
     subject.fill([8, 9], [4, 7], [(1, 1), (1, 1)])                    # a decode step
     subject.agrees()
     assert reached == ["_probe"]
+    reached.clear()
+    first_prompt = np.array([1, 0, 0, 1, 1, 1, 0, 0, 1, 0, 5], dtype=np.int64)
+    assert subject.cache.lookup(first_prompt, 5).tolist() == [0, 1, 2, 3, 4]   # two fills, one run of ids
+    assert subject.cache.lookup(first_prompt[:7], 3).tolist() == [0, 1, 2]
+    assert reached == []
     assert subject.cache.lookup(np.array([1, 0, 0, 1, 0, 0, 1, 1, 5], dtype=np.int64), 4).tolist() == [0, 1, 7, 9]
+    assert reached == ["_probe"]                                      # blocks 7 and 9 are not in the run
     reached.clear()
     subject.forget([9, 8, 4])                                         # sole holders, two of one chain
     subject.agrees()
@@ -198,3 +206,25 @@ def test_the_common_cases_take_the_batched_paths(monkeypatch):
     subject.forget([6])                                               # one of two holders: one at a time
     subject.agrees()
     assert reached == ["_forget_one"]
+
+
+def test_a_deeper_content_filed_under_a_first_blocks_key_is_no_first_block(monkeypatch):
+    """Under squeezed keys a non-first content can be the one filed first under the key a
+    prompt's first block gives, with the same tokens: it serves no hit (only a content after
+    nothing is a prompt's first block)."""
+    monkeypatch.setattr(prefix_cache, "dict_keys", lambda keys: (keys % np.uint64(3)).tolist())
+    monkeypatch.setattr(prefix_cache, "dict_key", lambda key: key % 3)
+    subject = Subject()
+    keys = subject.cache.keys
+
+    def key(parent_key: int, content: tuple) -> int:
+        return step(parent_key, int(keys.block_hashes(np.array([content], dtype=np.int64))[0]))
+
+    contents = [(0, 0), (0, 1), (1, 0), (1, 1)]
+    a, t = next((a, t) for a in contents for t in contents
+                if key(ROOT, a) % 3 != key(key(ROOT, a), t) % 3 == key(ROOT, t) % 3)
+    subject.fill([0, 1], [-1, 0], [a, t])                # (a, t) is the first content under root t's key
+    assert subject.cache.lookup(np.array([*t, 0], dtype=np.int64), 1).tolist() == []
+    subject.fill([2], [-1], [t])
+    assert subject.cache.lookup(np.array([*t, 0], dtype=np.int64), 1).tolist() == [2]
+    subject.agrees()
