@@ -274,7 +274,7 @@ class RowTables:
         if self.used + need > len(self.arena):
             self._compact(room=need)
         used, old_starts = self.used, self.start[rows]
-        self.journal.undo.append((self._unmove, (rows, old_starts, caps, used, self.live)))
+        self.journal.undo.append((self._unmove, (rows, old_starts, caps, used, used + need, self.live)))
         starts = np.empty_like(old_starts)
         sizes = sorted(set(caps.tolist()))
         for cap in sizes:
@@ -289,8 +289,9 @@ class RowTables:
         self.live += need // 2   # each segment given up for one twice its size
         self.used = used
 
-    def _unmove(self, rows: np.ndarray, starts: np.ndarray, caps: np.ndarray, used: int, live: int) -> None:
-        self.arena[used:self.used] = -1
+    def _unmove(self, rows: np.ndarray, starts: np.ndarray, caps: np.ndarray, used: int, end: int,
+                live: int) -> None:
+        self.arena[used:end] = -1   # the new segments, written or not
         self.start[rows], self.capacity[rows] = starts, caps
         self.used, self.live = used, live
 

@@ -148,6 +148,18 @@ def decoding_pool():
     return bm
 
 
+def decoding_full_tables():
+    """A decode step of DECODE_BATCH done at block size 1, both tables filling their segments: the
+    next step's short path moves both tables to larger segments, compacting the arena to fit them."""
+    bm = BlockManager(24, 1, max_seqs=4, max_blocks_per_seq=4)
+    bm.add(1, [1, 2, 3])
+    bm.add(2, [4, 5, 6])
+    bm.append_batch(DECODE_BATCH, [7, 7])
+    bm.block_tables(DECODE_BATCH)
+    assert bm.rows.num_held[[bm.row_of[1], bm.row_of[2]]].tolist() == bm.rows.capacity[[bm.row_of[1], bm.row_of[2]]].tolist()
+    return bm
+
+
 def swapped_back_in():
     bm = cached_pool()
     bm.swap_in(5)
@@ -197,6 +209,7 @@ OPERATIONS = {
     "append fills a block": (cached_pool, lambda bm: bm.append(1, 6)),
     "append_batch": (cached_pool, lambda bm: bm.append_batch([3, 1], [7, 6])),
     "append_batch again (the decode short path)": (decoding_pool, lambda bm: bm.append_batch(DECODE_BATCH, [9, 9])),
+    "append_batch again, tables move": (decoding_full_tables, lambda bm: bm.append_batch(DECODE_BATCH, [9, 9])),
     "append_batch evicting in order": (evicting_pool, lambda bm: bm.append_batch([6, 1, 3], [2, 6, 6])),
     "fork": (cached_pool, lambda bm: bm.fork(1, 6)),
     "free shared": (cached_pool, lambda bm: bm.free(1)),
@@ -251,7 +264,8 @@ def test_a_fault_at_any_line_changes_nothing(name):
         assert_fault_changes_nothing(setup, operation, at)
 
 
-@pytest.mark.parametrize("name", ["add a long prompt (table grows)", "append_batch evicting in order", "schedule"])
+@pytest.mark.parametrize("name", ["add a long prompt (table grows)", "append_batch evicting in order",
+                                  "append_batch again, tables move", "schedule"])
 def test_memory_error_at_any_line_changes_nothing(name):
     setup, operation = OPERATIONS[name]
     for at in fault_points(line_events(setup, operation)):
