@@ -64,13 +64,14 @@ class BlockPool:
         from_queue = min(n, self.queued)
         blocks = self._ring_read(self.head, from_queue)
         if n > from_queue:
-            evicted = list(islice(self.evictable.items(), n - from_queue))   # least recent first
-            journal.undo.append((self._restore_lru_front, (evicted,)))
-            victims = list(map(itemgetter(0), evicted))
+            victims = list(islice(self.evictable, n - from_queue))   # least recently released first
+            stamps = []   # their release stamps, for the undo, as they leave
+            journal.undo.append((self._restore_lru_front, (victims, stamps)))
             if len(victims) == len(self.evictable):
+                stamps.extend(self.evictable.values())
                 self.evictable.clear()
             else:
-                deque(map(self.evictable.pop, victims), maxlen=0)   # pop each, in C
+                stamps.extend(map(self.evictable.pop, victims))   # pop each, in C
             victims = np.fromiter(victims, np.int64, len(victims))
             self.cache.forget(victims)
             journal.set(self, "evictions", self.evictions + len(victims))
@@ -86,9 +87,10 @@ class BlockPool:
         self.ref_count[blocks] = 0
         self.head, self.queued = head, queued
 
-    def _restore_lru_front(self, evicted: list) -> None:
-        """Undo of evicting `evicted` (block, stamp) from the LRU's front, oldest first."""
-        for block, stamp in reversed(evicted):
+    def _restore_lru_front(self, victims: list, stamps: list) -> None:
+        """Undo of evicting `victims` from the LRU's front, oldest first (those whose stamps were
+        read: all, once the eviction ran)."""
+        for block, stamp in reversed(list(zip(victims, stamps))):
             if block not in self.evictable:
                 self.evictable[block] = stamp
                 self.evictable.move_to_end(block, last=False)
@@ -137,7 +139,10 @@ class BlockPool:
             # Every indexed block keeps its KV for hits (evictable, newest release last); the others
             # hold nothing anyone can find again and are free.
             cached = self.cache.indexed(dead)
-            free, indexed = dead[~cached], dead[cached].tolist()
+            if np.count_nonzero(cached) == len(dead):   # a prompt's full blocks: all indexed
+                free, indexed = dead[:0], dead.tolist()
+            else:
+                free, indexed = dead[~cached], dead[cached].tolist()
             journal.undo.append((self._unrelease, (indexed,)))
             first = self.releases + 1
             self.evictable.update(zip(indexed, range(first, first + len(indexed))))
