@@ -73,14 +73,17 @@ class PrefixCache:
         if max_blocks <= 0:
             return np.empty(0, dtype=np.int64)
         rows = tokens[:max_blocks * self.block_tokens.shape[1]].reshape(max_blocks, -1)
-        nodes, served = self._run(rows)
+        first = self.by_key.get(self._name_after(ROOT, rows[0]), NONE)
+        if first == NONE:   # a new prompt: not even its first block is indexed
+            return np.empty(0, dtype=np.int64)
+        nodes, served = self._run(rows, first)
         start = len(nodes)
         if start == max_blocks:
             return served
         parent = int(nodes[-1]) if start else NONE
         parent_key = int(self.node_key[parent]) if start else ROOT
-        if dict_key(step(parent_key, int(self.keys.block_hashes(rows[start:start + 1])[0]))) not in self.by_key:
-            return served   # the next block is not indexed (a new prompt, or new text after a cached prefix)
+        if self._name_after(parent_key, rows[start]) not in self.by_key:
+            return served   # new text after a cached prefix (the common case)
         rows = rows[start:]
         names = dict_keys(self.keys.chain(parent_key, self.keys.block_hashes(rows)))
         found = self._probe(names)
@@ -98,14 +101,16 @@ class PrefixCache:
             served = np.concatenate((served, np.array(more, dtype=np.int64)))
         return served
 
-    def _run(self, rows) -> tuple:
-        """The leading prefixes of these rows whose nodes are consecutive ids from the first
-        block's node on, confirmed by parent, holder and tokens, and their holders: a prefix
-        linked in one pass (a prompt's chain, from fresh ids or a run of recycled ones) is
-        served without a key per block. Where the run ends, the caller probes by key."""
-        first = self.by_key.get(dict_key(step(ROOT, int(self.keys.block_hashes(rows[:1])[0]))), NONE)
-        if first == NONE:
-            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    def _name_after(self, parent_key: int, row) -> int:
+        """The dict key of one block of tokens after the prefix keyed `parent_key`."""
+        return dict_key(step(parent_key, int(self.keys.block_hashes(row[None])[0])))
+
+    def _run(self, rows, first: int) -> tuple:
+        """The leading prefixes of these rows whose nodes are consecutive ids from `first` (the
+        node filed first under the first block's key) on, confirmed by parent, holder and tokens,
+        and their holders: a prefix linked in one pass (a prompt's chain, from fresh ids or a
+        run of recycled ones) is served without a key per block. Where the run ends, the caller
+        probes by key."""
         end = min(first + len(rows), len(self.node_parent))
         nodes = np.arange(first, end, dtype=np.int64)
         holders = self.node_holder[first:end]
