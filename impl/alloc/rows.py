@@ -155,13 +155,15 @@ class RowTables:
         self.journal.assign(self.arena, self.start[rows] + self.num_held[rows] - 1, blocks)
         self._stamp(rows)
 
-    def push(self, rows: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-        """Append blocks[i] to the table of rows[i] (distinct rows); returns the blocks each held."""
+    def push(self, rows: np.ndarray, blocks: np.ndarray, batch=None) -> np.ndarray:
+        """Append blocks[i] to the table of rows[i] (distinct rows); returns the blocks each held.
+        Full tables move to larger segments first: those of `rows`, or, when a decode batch is
+        given (its rows include `rows`), every full table of the batch."""
         journal = self.journal
         held = self.num_held[rows]
         full = held >= self.capacity[rows]
         if np.count_nonzero(full):
-            self._move(rows[full])
+            self._move(rows[full] if batch is None else batch[self.num_held[batch] >= self.capacity[batch]])
         slots = self.start[rows] + held
         journal.undo.append((self._unpush, (rows, held, slots)))
         self.arena[slots] = blocks
@@ -173,10 +175,13 @@ class RowTables:
         """`push(batch[positions], blocks)`. When the last gather was of `batch` and nothing
         changed since, the new blocks are written into its tables too (inside its spare columns),
         so the next gather of the batch copies them instead of gathering those rows again. A
-        rollback drops the gather (`last_gather`), so a push undone is never seen there."""
+        rollback drops the gather (`last_gather`), so a push undone is never seen there.
+        A table that must move takes every full table of the batch along: a decode step appends
+        to each of them within the next block's worth of steps, and one move of them all costs
+        about what a move of a few does (a run of steps pays once per doubling of its tables)."""
         last = self.last_gather
         current = last is not None and last[0] is batch and last[3] == self.changes
-        held = self.push(batch[positions], blocks)
+        held = self.push(batch[positions], blocks, batch)
         if current:
             top = int(held.max()) + 1   # the most blocks a pushed row holds now
             if top <= last[2].shape[1]:

@@ -106,3 +106,22 @@ def test_a_steady_decode_takes_the_short_path_and_matches_the_full_plan():
     assert len(taken) == 11   # every step after the first
     assert observable(same, batch) == observable(fresh, batch)
     same.check()
+
+
+def test_a_table_that_moves_on_the_short_path_takes_the_batchs_full_tables_along():
+    """Tables of four blocks fill their segments of four: the short path's first row that needs a
+    fifth block moves every full table of the batch to a segment of eight (each of them needs one
+    within the next block's worth of steps), so the run moves tables once per doubling."""
+    bm = BlockManager(64, 4, max_seqs=4, max_blocks_per_seq=4)
+    batch = [0, 1, 2, 3]
+    for seq_id, length in zip(batch, [16, 15, 14, 13]):   # four blocks each, the last ones 4/4 .. 1/4 full
+        bm.add(seq_id, list(range(length)))
+    rows = [bm.row_of[s] for s in batch]
+    assert bm.rows.capacity[rows].tolist() == bm.rows.num_held[rows].tolist() == [4, 4, 4, 4]
+    bm.append_batch(batch, [1] * 4)                        # the full plan: only sequence 0 needs a block
+    assert bm.rows.capacity[rows].tolist() == [8, 4, 4, 4]
+    bm.append_batch(batch, [2] * 4)                        # sequence 1 needs its fifth: all move
+    assert bm.rows.capacity[rows].tolist() == [8, 8, 8, 8]
+    assert [len(bm.block_table(s)) for s in batch] == [5, 5, 4, 4]
+    assert [bm.tokens(s)[-2:] for s in batch] == [[1, 2]] * 4
+    bm.check()
