@@ -21,7 +21,6 @@ TORCH_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uin
 # else (a bool, an int subclass, a float, a numpy scalar, a larger int) is written otherwise or
 # refused, so a dump of exactly this layout is a list of plain ints, read in one C pass.
 MARSHAL_INT = np.dtype([("tag", "u1"), ("value", "<i4")])
-LITTLE_INT64 = np.dtype("<i8")
 
 
 def plain_seq_id(seq_id) -> int:
@@ -90,11 +89,10 @@ def _small_plain_ints(tokens):
 
 def check_token_batch(tokens) -> np.ndarray:
     """A batch of tokens as int64: a list of ints, or a 1-d integer numpy array or tensor."""
-    if type(tokens) is np.ndarray and tokens.dtype == LITTLE_INT64 and tokens.ndim == 1 \
-            and tokens.flags.c_contiguous:
-        # The common case. A negative int64 has its last (most significant) byte's top bit set:
-        # one strided copy of those bytes and a C scan, cheaper than a numpy reduction.
-        if not tokens.view(np.uint8)[7::8].tobytes().isascii():
+    if type(tokens) is np.ndarray and tokens.dtype == np.int64 and tokens.ndim == 1:
+        # The common case, one pass: `argmin` is a plain C loop, some 6 times cheaper here than
+        # `min()` (a ufunc reduction with its fixed setup cost) for a 2k prompt.
+        if len(tokens) and tokens[tokens.argmin()] < 0:
             raise InvalidArgument("tokens are ints in 0..2**63-1")
         return tokens
     if isinstance(tokens, torch.Tensor):

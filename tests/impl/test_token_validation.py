@@ -82,7 +82,7 @@ def test_a_strided_array_prompt_is_stored_as_its_values(tokens, stride):
     assert bm.tokens(1) == tokens
 
 
-# Values whose sign is read from one byte: each byte's top bit set or not, around the int64 edges.
+# Around the int64 edges, with each byte's top bit set or not.
 INT64_EDGES = [0, 1, 2 ** 7, 2 ** 55, 2 ** 56 - 1, 2 ** 56, 2 ** 62, 2 ** 63 - 1,
                -1, -2, -2 ** 7, -2 ** 55, -2 ** 56, -2 ** 62, -2 ** 63]
 
@@ -113,3 +113,14 @@ def test_an_int64_array_passes_exactly_when_no_token_is_negative(tokens, byte_or
     assert bm.tokens(1) == tokens
     bm.append_batch(decoding, view)
     assert [bm.tokens(seq_id)[-1] for seq_id in decoding] == tokens
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint64])
+def test_an_empty_array_is_an_empty_batch_and_no_prompt(dtype):
+    bm = BlockManager(8, 4)
+    bm.add(2, [3, 4, 5])
+    before = manager_state(bm)
+    assert bm.append_batch([], np.zeros(0, dtype=dtype)) == []
+    with pytest.raises(InvalidArgument, match="at least one token"):
+        bm.add(1, np.zeros(0, dtype=dtype))
+    assert manager_state(bm) == before
