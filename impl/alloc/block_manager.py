@@ -169,7 +169,9 @@ class BlockManager:
         if row is None:
             raise UnknownSequence(seq_id)
         self.pool.release(self.rows.table_view(row))
-        self.cpu_pool.release(self.rows.seq[row].cpu_block_table)
+        cpu_table = self.rows.seq[row].cpu_block_table
+        if cpu_table:   # only while swapped
+            self.cpu_pool.release(cpu_table)
         self.journal.pop_ordered(self.row_of, seq_id, self._creation)
         self.rows.recycle(row)
 
@@ -533,7 +535,7 @@ class BlockManager:
             self.pool.share(hits)
         fresh = self.pool.take(needed)
         cached = len(hits) * B
-        written = tokens[cached:]   # what the fresh blocks hold, the last one padded with zeros
+        written = tokens[cached:] if cached else tokens   # what the fresh blocks hold, the last one padded with zeros
         if len(written) < needed * B:
             written = np.concatenate([written, np.zeros(needed * B - len(written), dtype=np.int64)])
         self._write_blocks(fresh, written.reshape(needed, B))
@@ -542,9 +544,11 @@ class BlockManager:
         self.rows.seq_len[row] = len(tokens)
         self._make_running(row)
         journal.set(self.rows.seq[row], "cached_tokens", cached)
-        self._count("prompt_tokens", len(tokens))
-        self._count("cached_tokens", cached)
-        self._fill_cache(table, len(hits), len(tokens) // B)
+        stats = self.stats   # saved when the transaction began
+        stats["prompt_tokens"] += len(tokens)
+        stats["cached_tokens"] += cached
+        if self.cache is not None:
+            self._fill_cache(table, len(hits), len(tokens) // B)
 
     def _write_blocks(self, blocks, contents: np.ndarray) -> None:
         """`block_tokens[blocks] = contents` (C-ordered int64 [len(blocks), B]), recorded."""
