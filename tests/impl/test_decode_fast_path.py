@@ -125,3 +125,25 @@ def test_a_table_that_moves_on_the_short_path_takes_the_batchs_full_tables_along
     assert [len(bm.block_table(s)) for s in batch] == [5, 5, 4, 4]
     assert [bm.tokens(s)[-2:] for s in batch] == [[1, 2]] * 4
     bm.check()
+
+
+def test_a_steady_run_sorts_its_phases_once_and_gathers_its_tables_once_per_spare_columns(monkeypatch):
+    """Block size 1: every step gives every row a block, so the batch's tables grow a column a
+    step. Gathered once, they are patched in place until their spare columns run out, then
+    gathered once more (with spare columns again); the run's phases are sorted once."""
+    from pagedkv.impl.alloc.rows import SPARE_COLUMNS, DecodeRun, RowTables
+    gathers, sorts = [], []
+    gather, phases = RowTables.gather, DecodeRun.phases
+    monkeypatch.setattr(RowTables, "gather", lambda self, *args: gathers.append(1) or gather(self, *args))
+    monkeypatch.setattr(DecodeRun, "phases", lambda self, *args: sorts.append(1) or phases(self, *args))
+    bm = BlockManager(400, 1)
+    batch = [0, 1, 2]
+    for seq_id in batch:
+        bm.add(seq_id, [seq_id, 1])
+    steps = 3 * (SPARE_COLUMNS + 1)
+    for step in range(steps):
+        bm.append_batch(batch, [step] * 3)
+        assert bm.block_tables(batch).tolist() == [bm.block_table(s) for s in batch]
+    # the first gather, then one each time a step's new column is past the spare ones
+    assert len(gathers) == 1 + (steps - 1) // (SPARE_COLUMNS + 1)
+    assert len(sorts) == 1
