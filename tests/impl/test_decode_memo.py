@@ -81,3 +81,23 @@ def test_a_handed_out_slot_mapping_is_the_callers_own():
     first[:] = -5
     assert bm.slot_mapping(batch).tolist() == expected_slots(bm, batch)
     assert np.all(bm.slot_mapping(batch).numpy() >= 0)
+
+
+def test_handed_out_tables_are_the_callers_own():
+    """Tables handed out are copies: writing into them changes nothing the manager answers next,
+    and the manager's later steps (patched into its own tables) leave them as they were."""
+    bm = BlockManager(32, B)
+    batch = [1, 2]
+    for seq_id in batch:
+        bm.add(seq_id, [seq_id, 5])
+    for step in range(4):
+        bm.append_batch(batch, [step, step])
+        before = expected_tables(bm, batch)
+        handed = bm.block_tables(batch)
+        assert handed.tolist() == before
+        again = bm.block_tables(batch)        # the remembered tables, copied
+        again[:] = -7
+        assert bm.block_tables(batch).tolist() == before
+        bm.append_batch(batch, [9, 9])       # a new block for each: patched into the manager's own
+        assert handed.tolist() == before
+        assert bm.block_tables(batch).tolist() == expected_tables(bm, batch)
