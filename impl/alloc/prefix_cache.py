@@ -35,6 +35,7 @@ from .content_keys import ROOT, ContentKeys, dict_key, dict_keys, step
 
 NONE = -1       # no node / no holder / no block
 FREED = -2      # `node_parent` of a node id that is not in use
+RUNS = 8        # runs of consecutive node ids a lookup follows before it probes every key left
 
 
 class PrefixCache:
@@ -73,17 +74,24 @@ class PrefixCache:
         if max_blocks <= 0:
             return np.empty(0, dtype=np.int64)
         rows = tokens[:max_blocks * self.block_tokens.shape[1]].reshape(max_blocks, -1)
-        first = self.by_key.get(self._name_after(ROOT, rows[0]), NONE)
-        if first == NONE:   # a new prompt: not even its first block is indexed
+        candidate = self.by_key.get(self._name_after(ROOT, rows[0]), NONE)
+        if candidate == NONE:   # a new prompt: not even its first block is indexed
             return np.empty(0, dtype=np.int64)
-        nodes, served = self._run(rows, first)
-        start = len(nodes)
-        if start == max_blocks:
-            return served
-        parent = int(nodes[-1]) if start else NONE
-        parent_key = int(self.node_key[parent]) if start else ROOT
-        if self._name_after(parent_key, rows[start]) not in self.by_key:
-            return served   # new text after a cached prefix (the common case)
+        runs, start, parent, parent_key = [], 0, NONE, ROOT
+        for _ in range(RUNS):
+            nodes, held = self._run(rows[start:], candidate, parent)
+            if not len(nodes):   # the node filed first under the key is not this prefix's
+                break
+            runs.append(held)
+            start += len(nodes)
+            if start == max_blocks:
+                return np.concatenate(runs)
+            parent = int(nodes[-1])
+            parent_key = int(self.node_key[parent])
+            candidate = self.by_key.get(self._name_after(parent_key, rows[start]), NONE)
+            if candidate == NONE:   # new text after a cached prefix (the common case)
+                return np.concatenate(runs)
+        served = np.concatenate(runs) if runs else np.empty(0, dtype=np.int64)
         rows = rows[start:]
         names = dict_keys(self.keys.chain(parent_key, self.keys.block_hashes(rows)))
         found = self._probe(names)
@@ -105,17 +113,17 @@ class PrefixCache:
         """The dict key of one block of tokens after the prefix keyed `parent_key`."""
         return dict_key(step(parent_key, int(self.keys.block_hashes(row[None])[0])))
 
-    def _run(self, rows, first: int) -> tuple:
-        """The leading prefixes of these rows whose nodes are consecutive ids from `first` (the
-        node filed first under the first block's key) on, confirmed by parent, holder and tokens,
-        and their holders: a prefix linked in one pass (a prompt's chain, from fresh ids or a
-        run of recycled ones) is served without a key per block. Where the run ends, the caller
-        probes by key."""
+    def _run(self, rows, first: int, parent: int) -> tuple:
+        """The leading blocks of these rows, after the node `parent`, whose nodes are
+        consecutive ids from `first` (the node filed first under the first block's key) on,
+        confirmed by parent, holder and tokens, and their holders: a prefix linked in one pass
+        (a prompt's chain, from fresh ids or recycled ones in order) is served without a key
+        per block."""
         end = min(first + len(rows), len(self.node_parent))
         nodes = np.arange(first, end, dtype=np.int64)
         holders = self.node_holder[first:end]
         linked = (self.node_parent[first:end] == nodes - 1) & (holders != NONE)
-        linked[0] = self.node_parent[first] == NONE and holders[0] != NONE
+        linked[0] = self.node_parent[first] == parent and holders[0] != NONE
         run = int(np.argmin(linked)) if not linked.all() else len(nodes)
         held = self.block_tokens[holders[:run]]
         if not np.array_equal(held, rows[:run]):

@@ -179,7 +179,7 @@ def test_the_common_cases_take_the_batched_paths(monkeypatch):
     """A new prompt's chain, one that begins with a cached prefix, a decode step's blocks and the
     eviction of sole holders are each one batched pass: the one-block-at-a-time paths, correct
     but slow, are not reached; only a chain that begins with a cached block probes its keys one
-    by one, and a lookup only past the run of node ids one chain's fill made (real keys: no
+    by one, and a lookup follows runs of consecutive node ids instead (real keys: no
     collisions)."""
     reached = []
     for name in ("_fill_sequentially", "_forget_one", "_probe"):
@@ -198,8 +198,7 @@ def test_the_common_cases_take_the_batched_paths(monkeypatch):
     assert subject.cache.lookup(first_prompt[:7], 3).tolist() == [0, 1, 2]
     assert reached == []
     assert subject.cache.lookup(np.array([1, 0, 0, 1, 0, 0, 1, 1, 5], dtype=np.int64), 4).tolist() == [0, 1, 7, 9]
-    assert reached == ["_probe"]                                      # blocks 7 and 9 are not in the run
-    reached.clear()
+    assert reached == []                                              # three runs: nodes 0-1, 5, 7
     subject.forget([9, 8, 4])                                         # sole holders, two of one chain
     subject.agrees()
     assert reached == []
@@ -227,4 +226,25 @@ def test_a_deeper_content_filed_under_a_first_blocks_key_is_no_first_block(monke
     assert subject.cache.lookup(np.array([*t, 0], dtype=np.int64), 1).tolist() == []
     subject.fill([2], [-1], [t])
     assert subject.cache.lookup(np.array([*t, 0], dtype=np.int64), 1).tolist() == [2]
+    subject.agrees()
+
+
+def test_a_lookup_past_its_runs_probes_the_rest(monkeypatch):
+    """Two prompts filled a block each in turn get every other node id: each block is a run of
+    its own. A lookup follows up to RUNS of them, then probes every key left; the hits are the
+    same either way."""
+    reached = []
+    original = PrefixCache._probe
+    monkeypatch.setattr(PrefixCache, "_probe", lambda self, names: (reached.append(len(names)), original(self, names))[1])
+    subject = Subject()
+    ours, theirs = [(1, 0), (0, 1), (1, 1), (0, 0), (1, 0)], [(0, 0), (1, 1), (0, 1), (1, 0), (1, 1)]
+    for i, (mine, other) in enumerate(zip(ours, theirs)):
+        subject.fill([2 * i], [2 * i - 2 if i else -1], [mine])
+        subject.fill([2 * i + 1], [2 * i - 1 if i else -1], [other])
+    prompt = np.array([t for pair in ours for t in pair] + [0], dtype=np.int64)
+    expected = subject.expected_hits(tuple(ours))
+    assert expected == [0, 2, 4, 6, 8]
+    assert subject.cache.lookup(prompt, 5).tolist() == expected and reached == []   # five runs
+    monkeypatch.setattr(prefix_cache, "RUNS", 2)
+    assert subject.cache.lookup(prompt, 5).tolist() == expected and reached == [3]  # two, then 3 keys
     subject.agrees()
