@@ -5,10 +5,15 @@ tail first. Every step recorded in the journal is undone exactly by a rollback."
 from collections import deque
 
 import numpy as np
+import pytest
 from hypothesis import example, given, settings, strategies as st
 
+from pagedkv.impl import BlockManager
 from pagedkv.impl.alloc.block_pool import BlockPool
 from pagedkv.impl.alloc.journal import Journal
+from pagedkv.spec import OutOfBlocks
+
+from test_fault_injection import manager_state
 
 
 def pool_state(pool: BlockPool) -> tuple:
@@ -58,3 +63,44 @@ def test_the_pool_takes_and_releases_like_a_fifo_of_ref_counts(num_blocks, progr
             assert pool_state(pool) == before
         journal.undo.clear()   # each step commits
         assert pool_state(pool) == (list(free), refs, len(free))
+
+
+# ------------------------------------------------------------------ blocks written inside a transaction
+
+class Undone(Exception):
+    """Raised at the end of a transaction's body, so that it is rolled back."""
+
+
+@settings(max_examples=120, deadline=None, derandomize=True)
+@given(st.integers(3, 12), st.booleans(),
+       st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=7), min_size=1, max_size=4),
+       st.lists(st.tuples(st.sampled_from(["free", "add", "append"]), st.integers(0, 9),
+                          st.lists(st.integers(0, 9), min_size=1, max_size=9)), min_size=1, max_size=6))
+def test_a_rollback_gives_blocks_freed_in_the_transaction_their_tokens_back(num_blocks, caching, prompts, body):
+    """Freeing a sequence and admitting others that take its blocks and overwrite them, then
+    failing: everything is as before, every sequence reads back its own tokens."""
+    bm = BlockManager(num_blocks, 2, prefix_caching=caching)
+    for seq_id, tokens in enumerate(prompts):
+        if bm.num_free_blocks() >= -(-len(tokens) // 2):
+            bm.add(seq_id, tokens)
+    before = manager_state(bm)
+
+    def run():
+        for step, (op, a, tokens) in enumerate(body):
+            ids = bm.seq_ids()
+            try:
+                if op == "free" and ids:
+                    bm.free(ids[a % len(ids)])
+                elif op == "add":
+                    bm.add(100 + step, tokens)
+                elif op == "append" and bm.running():
+                    bm.append(bm.running()[a % len(bm.running())], tokens[0])
+            except OutOfBlocks:
+                pass   # a refused call changes nothing; the transaction goes on
+        raise Undone
+
+    with pytest.raises(Undone):
+        bm.transaction(run)
+    assert manager_state(bm) == before
+    bm.check()
+
