@@ -248,3 +248,23 @@ def test_a_lookup_past_its_runs_probes_the_rest(monkeypatch):
     monkeypatch.setattr(prefix_cache, "RUNS", 2)
     assert subject.cache.lookup(prompt, 5).tolist() == expected and reached == [3]  # two, then 3 keys
     subject.agrees()
+
+
+def test_a_chain_is_not_joined_to_a_content_nobody_holds_under_its_squeezed_key(monkeypatch):
+    """A chain's leading block whose key (squeezed) names a content nobody holds, with the same
+    parent but other tokens, is a new content: the kept copy of the tokens tells them apart."""
+    monkeypatch.setattr(prefix_cache, "dict_keys", lambda keys: (keys % np.uint64(3)).tolist())
+    monkeypatch.setattr(prefix_cache, "dict_key", lambda key: key % 3)
+    subject = Subject()
+
+    def key(parent_key: int, content: tuple) -> int:
+        return step(parent_key, int(subject.cache.keys.block_hashes(np.array([content], dtype=np.int64))[0]))
+
+    contents = [(0, 0), (0, 1), (1, 0), (1, 1)]
+    p, a, b = next((p, a, b) for p in contents for a in contents for b in contents
+                   if a != b and key(ROOT, p) % 3 != key(key(ROOT, p), a) % 3 == key(key(ROOT, p), b) % 3)
+    subject.fill([0, 1, 2], [-1, 0, 1], [p, a, (0, 0)])
+    subject.forget([1])                                   # (p, a) is held by nobody; (p, a, (0, 0)) by 2
+    subject.fill([3, 4], [0, 3], [b, (1, 1)])             # (p, b) files under (p, a)'s key
+    subject.agrees()
+    assert subject.cache.contents()[3] == (p, b)
