@@ -3,8 +3,8 @@
 Every block is exactly one of: free (in the free queue), evictable (ref count 0, still indexed in
 the prefix cache, in `evictable` from least to most recently released) or live (ref count > 0).
 The free queue is a ring of block ids (`ring`, read from `head`, `queued` long, wrapping), so an
-allocation takes its blocks as one slice and a release appends a table in one write: no Python
-work per block. Sharing and releasing to the LRU are OrderedDict moves, no scans.
+allocation takes its blocks as one slice and a release appends a table in one write (two where
+the ring wraps, never index arrays): no Python work per block. Sharing and releasing to the LRU are OrderedDict moves, no scans.
 Every change goes through the manager's journal (`journal.py`), one undo record per call, so a
 failed operation is undone.
 """
@@ -124,7 +124,7 @@ class BlockPool:
 
     def release(self, table) -> None:
         """Drop one reference to each block of a table (an int array), tail first, so a prefix's head is evicted
-        last. A block nobody holds becomes evictable if indexed, else free (its content wiped)."""
+        last. A block nobody holds becomes evictable if indexed, else free (its content then garbage: a free block holds no KV)."""
         journal = self.journal
         tail_first = table[::-1].astype(np.int64)   # a copy: the table's own storage changes next
         old = self.ref_count[tail_first]
