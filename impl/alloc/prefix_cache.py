@@ -16,10 +16,13 @@ is the spec's: every block is indexed when it fills, beside any equal block alre
 hit takes the lowest-numbered holder; an evicted or wiped block leaves only its own node's
 holders, so an equal block still serves. A node lives while it has holders or children.
 
-The hot paths are batched: a lookup keys the whole prompt with one cumsum and confirms every
-candidate in a few array passes; a decode step's filled blocks (each after a block indexed
-before) and a prompt's blocks (a chain) are keyed, probed and linked in one pass; an eviction
-unlinks its blocks in one pass. Anything unusual (an equal block already indexed, a key taken, a
+The hot paths are batched. A chain linked in one pass has consecutive node ids where its ids
+are fresh, so a lookup follows runs of ids from the node its first block's key names, confirmed
+in a few array passes (a node is the only one with its parent and tokens), keying one block per
+run; past a few runs it keys the rest of the prompt with one cumsum and confirms every
+candidate at once. A decode step's filled blocks (each after a block indexed before) and a
+prompt's blocks (a chain) are keyed, checked against the key dict and linked in one pass; an
+eviction unlinks its blocks in one pass. Anything unusual (an equal block already indexed, a key taken, a
 block already indexed) takes the sequential path, which handles every case.
 
 Every change goes through the manager's journal (`journal.py`), so a failed operation is undone.
