@@ -32,7 +32,6 @@ from pagedkv.spec import RUNNING, SWAPPED, WAITING
 RUNNING_CODE, WAITING_CODE, SWAPPED_CODE, UNUSED_CODE = range(4)   # row_status values
 STATUSES = (RUNNING, WAITING, SWAPPED)                             # row_status value -> spec status
 MIN_CAPACITY = 4                                                   # smallest segment, in blocks
-SPARE_COLUMNS = 8                                                  # kept past a gathered batch's width
 ROW_ARRAYS = {"seq_len": (np.int64, 0), "num_held": (np.int64, 0), "admitted": (np.int64, 0),
               "row_status": (np.int8, UNUSED_CODE), "start": (np.int64, 0), "capacity": (np.int64, 0)}
 _row_arrays = attrgetter(*ROW_ARRAYS)                              # RowTables -> its per-row arrays
@@ -173,9 +172,10 @@ class RowTables:
 
     def push_in_batch(self, batch: np.ndarray, positions: np.ndarray, blocks: np.ndarray) -> None:
         """`push(batch[positions], blocks)`. When the last gather was of `batch` and nothing
-        changed since, the new blocks are written into its tables too (inside its spare columns),
-        so the next gather of the batch copies them instead of gathering those rows again. A
-        rollback drops the gather (`last_gather`), so a push undone is never seen there.
+        changed since, the new blocks are written into its tables too (a column more when the
+        widest grows), so the next gather of the batch copies them instead of gathering those
+        rows again. A rollback drops the gather (`last_gather`), so a push undone is never seen
+        there.
         A table that must move takes every full table of the batch along: a decode step appends
         to each of them within the next block's worth of steps, and one move of them all costs
         about what a move of a few does (a run of steps pays once per doubling of its tables)."""
@@ -183,10 +183,11 @@ class RowTables:
         current = last is not None and last[0] is batch and last[3] == self.changes
         held = self.push(batch[positions], blocks, batch)
         if current:
-            top = int(held.max()) + 1   # the most blocks a pushed row holds now
-            if top <= last[2].shape[1]:
-                last[2][positions, held] = blocks
-                self.last_gather = (batch, max(last[1], top), last[2], self.changes)
+            tables, top = last[2], int(held.max()) + 1   # the most blocks a pushed row holds now
+            if top > last[1]:   # once per block's worth of steps: widened here, copied whole per call
+                tables = np.concatenate([tables, np.full((len(batch), top - last[1]), -1, dtype=np.int32)], axis=1)
+            tables[positions, held] = blocks
+            self.last_gather = (batch, max(last[1], top), tables, self.changes)
 
     def _unpush(self, rows: np.ndarray, held: np.ndarray, slots: np.ndarray) -> None:
         self.arena[slots] = -1   # past each table inside its segment, as before the push
@@ -230,27 +231,31 @@ class RowTables:
         last = self.last_gather
         if last is None or last[0] is not rows or last[3] != self.changes:
             return None
-        tables = torch.from_numpy(last[2][:, :last[1]].copy())
+        tables = torch.from_numpy(last[2].copy())
         return tables if self.on_host else tables.to(self.device)
 
     def _gather_again(self, rows: np.ndarray) -> np.ndarray:
         """`gather` at the most blocks any row holds, reusing the last call's tables when it asked
-        for the same rows: only rows stamped since are gathered again. The tables are kept with
-        `SPARE_COLUMNS` more columns than that (all -1), so a batch whose tables grow by a block
-        reuses them until it outgrows them; each call hands out a copy of the used columns."""
+        for the same rows: only rows stamped since are gathered again, then the whole is copied
+        once (kept C-contiguous: a strided copy of [4096, 65] costs ~4x a contiguous one). A
+        width that changed keeps the other rows too: they hold at most both widths' blocks, -1
+        after them."""
         width = int(self.num_held[rows].max(initial=0))
         last = self.last_gather
-        if last is not None and width <= last[2].shape[1] and (last[0] is rows or (
+        if last is not None and (last[0] is rows or (
                 len(last[0]) == len(rows) and not np.count_nonzero(last[0] != rows))):
             tables = last[2]
+            if width != last[1]:
+                tables = np.concatenate([tables, np.full((len(rows), width - last[1]), -1, dtype=np.int32)], axis=1) \
+                    if width > last[1] else np.ascontiguousarray(tables[:, :width])
             if last[3] != self.changes:   # some table changed since: gather its rows again
                 changed = (self.changed_at[rows] > last[3]).nonzero()[0]
                 if len(changed):
-                    tables[changed] = self.gather(rows[changed], tables.shape[1])
+                    tables[changed] = self.gather(rows[changed], width)
         else:
-            tables = self.gather(rows, width + SPARE_COLUMNS)
+            tables = self.gather(rows, width)
         self.last_gather = (rows, width, tables, self.changes)
-        return tables[:, :width].copy()
+        return tables.copy()
 
     def _windows(self, width: int) -> np.ndarray:
         """The arena as overlapping rows of `width` slots (row i starts at slot i), a read-only view

@@ -127,11 +127,11 @@ def test_a_table_that_moves_on_the_short_path_takes_the_batchs_full_tables_along
     bm.check()
 
 
-def test_a_steady_run_sorts_its_phases_once_and_gathers_its_tables_once_per_spare_columns(monkeypatch):
+def test_a_steady_run_sorts_its_phases_once_and_gathers_its_tables_once(monkeypatch):
     """Block size 1: every step gives every row a block, so the batch's tables grow a column a
-    step. Gathered once, they are patched in place until their spare columns run out, then
-    gathered once more (with spare columns again); the run's phases are sorted once."""
-    from pagedkv.impl.alloc.rows import SPARE_COLUMNS, DecodeRun, RowTables
+    step. Gathered once, they are patched in place (widened by the new column) and copied whole
+    by each `block_tables`, never gathered again; the run's phases are sorted once."""
+    from pagedkv.impl.alloc.rows import DecodeRun, RowTables
     gathers, sorts = [], []
     gather, phases = RowTables.gather, DecodeRun.phases
     monkeypatch.setattr(RowTables, "gather", lambda self, *args: gathers.append(1) or gather(self, *args))
@@ -140,10 +140,10 @@ def test_a_steady_run_sorts_its_phases_once_and_gathers_its_tables_once_per_spar
     batch = [0, 1, 2]
     for seq_id in batch:
         bm.add(seq_id, [seq_id, 1])
-    steps = 3 * (SPARE_COLUMNS + 1)
-    for step in range(steps):
+    for step in range(30):
         bm.append_batch(batch, [step] * 3)
-        assert bm.block_tables(batch).tolist() == [bm.block_table(s) for s in batch]
-    # the first gather, then one each time a step's new column is past the spare ones
-    assert len(gathers) == 1 + (steps - 1) // (SPARE_COLUMNS + 1)
+        tables = bm.block_tables(batch)
+        assert tables.tolist() == [bm.block_table(s) for s in batch]
+        assert tables.is_contiguous()
+    assert len(gathers) == 1
     assert len(sorts) == 1
