@@ -123,7 +123,9 @@ class Scheduler:
     def add_request(self, req_id, prompt: list, max_new_tokens: int, n: int = 1,
                     eos: Optional[int] = None) -> list:
         """Queue a request for `n` samples of `prompt`; returns their sequence ids."""
-        require(is_int(n) and n >= 1, f"n must be an int >= 1, got {n!r}")
+        # n samples are admitted together, one sequence slot each: more than max_num_seqs would wait forever.
+        require(is_int(n) and 1 <= n <= self.config.max_num_seqs,
+                f"n must be an int in [1, max_num_seqs={self.config.max_num_seqs}], got {n!r}")
         require(is_int(max_new_tokens) and max_new_tokens >= 1, f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         require(isinstance(prompt, (list, tuple)) and len(prompt) > 0,
                 f"a prompt is a non-empty list of tokens, got {type(prompt).__name__}")

@@ -142,16 +142,17 @@ class _Backend:
     def __init__(self, cfg: SimConfig):
         self.cfg = cfg
         self.rejected_too_long = 0       # prompt + output > max_seq_len
-        self.rejected_too_large = 0      # more than the whole pool holds, even alone
+        self.rejected_too_large = 0      # more than the whole pool or the sequence slots hold, even alone
         self.oom_events = 0
         self.delayed: set = set()
 
     def submit(self, request_id: int, request: Request) -> None:
         """Queue a request, or reject it for good: longer than max_seq_len, or too big for the pool
-        even alone (it would wait, or be preempted and resumed, forever)."""
+        even alone, or with more samples than sequence slots (it would wait, or be preempted and
+        resumed, forever)."""
         if request.prompt_len + request.output_len > self.cfg.max_seq_len:
             self.rejected_too_long += 1
-        elif not self._fits_alone(request):
+        elif request.num_samples > self.cfg.max_num_seqs or not self._fits_alone(request):
             self.rejected_too_large += 1
         else:
             self._enqueue(request_id, request)

@@ -176,7 +176,7 @@ def test_a_raising_preempt_mode_changes_nothing():
 SCHEDULER_MATRIX = [
     ("add_request", ["r", [1, 2], 3, 1, None], 1, SCHEDULER_PROMPTS),
     ("add_request", ["r", [1, 2], 3, 1, None], 2, [0, -1, 1.5, True, None, "3", np.int64(3), 2.0]),
-    ("add_request", ["r", [1, 2], 3, 1, None], 3, [0, -1, 1.5, True, None, "1", np.int64(1)]),
+    ("add_request", ["r", [1, 2], 3, 1, None], 3, [0, -1, 1.5, True, None, "1", np.int64(1), 257, 10 ** 10]),
     ("add_request", ["r", [1, 2], 3, 1, None], 4, [-1, 1.5, True, "x", 2 ** 63, [1]]),
     ("update", [{0: 5}], 0, [None, [0], 5, {99: 5}, {1: 5}, {0: -1}, {0: None}, {0: 1.5}, {"0": 5},
                              {True: 5}, {0: True}, {0: 2 ** 63}]),
@@ -195,6 +195,18 @@ def test_every_public_scheduler_method_is_in_the_matrix():
     public = {name for name in dir(Scheduler) if not name.startswith("_") and callable(getattr(Scheduler, name))}
     no_arguments = {"schedule", "has_unfinished", "admission_heads", "waits_for_blocks"}
     assert public - no_arguments == {method for method, *_ in SCHEDULER_MATRIX}
+
+
+def test_a_request_of_more_samples_than_sequence_slots_is_refused_and_the_most_is_admitted():
+    """n samples are admitted together, one slot each: n > max_num_seqs could never run (and a
+    huge n once raised a bare MemoryError building its ids)."""
+    s = Scheduler(BlockManager(8, 2), SchedulerConfig(watermark=0.0, max_num_seqs=3))
+    with pytest.raises(InvalidArgument, match="max_num_seqs=3"):
+        s.add_request("r", [1, 2, 3], 2, n=4)
+    assert not s.has_unfinished()
+    seq_ids = s.add_request("r", [1, 2, 3], 2, n=3)
+    out = s.schedule()
+    assert [p.seq_id for p in out.prefills] + sorted(out.forked) == seq_ids
 
 
 def test_schedule_refuses_to_run_before_every_sample_is_in():

@@ -80,6 +80,14 @@ def test_rejections_are_counted_by_reason():
     assert (s["rejected_too_long"], s["rejected_too_large"], s["rejected"], s["requests"]) == (1, 1, 2, 1)
 
 
+@pytest.mark.parametrize("allocator", ["paged", "contiguous"])
+def test_a_request_of_more_samples_than_sequence_slots_is_rejected(allocator):
+    # Its samples are admitted together, one slot each: 3 samples never fit max_num_seqs = 2.
+    reqs = [Request(0.0, 4, 2, num_samples=3), Request(0.0, 4, 2, num_samples=2)]
+    s = sim.simulate(reqs, config(allocator, block_size=4, num_blocks=16, max_seq_len=8, max_num_seqs=2)).summary()
+    assert (s["rejected_too_large"], s["requests"]) == (1, 1)
+
+
 # ------------------------------------------------------------------ hand-computed replays
 
 TWO = [Request(0.0, prompt_len=5, output_len=3), Request(0.0, prompt_len=9, output_len=2)]
