@@ -162,14 +162,15 @@ def timed(fn) -> float:
 def decode_rows(num_seqs: int, caching: bool, args, rng) -> dict:
     """Median seconds per decode step for each side, after admitting `num_seqs` ~1000-token prompts."""
     B, steps = args.block_size, args.steps
-    max_blocks = -(-(CONTEXT + B + steps * args.reps) // B) + 1
+    max_blocks = -(-(CONTEXT + B + steps * args.reps + 1) // B) + 1
     num_blocks = num_seqs * max_blocks
     prompts = [prompt(rng, CONTEXT + rng.randrange(B)) for _ in range(num_seqs)]
     sides = [side(num_blocks, B, caching, num_seqs, max_blocks) for side in SIDES]
+    seq_ids = list(range(num_seqs))
     for side in sides:
         for seq_id, tokens in enumerate(prompts):
             side.admit(seq_id, tokens)
-    seq_ids = list(range(num_seqs))
+        side.decode_step(seq_ids, [0] * num_seqs)   # untimed: each side's first step after the prefills
     times = {side.name: [] for side in sides}
     for rep in range(args.reps):
         for side in sides:
