@@ -370,13 +370,16 @@ class SchedulerMachine(TalliedMachine):
     @rule(prompt=prompts, max_new_tokens=st.integers(1, 8), n=st.integers(1, 3))
     def add_request(self, prompt, max_new_tokens, n):
         args = (len(self.prompt_of), prompt, max_new_tokens, n)
-        if not self.scheduler.can_ever_fit(len(prompt), 0):
+        # Never admittable: the prompt exceeds the pool above the watermark, or its n samples
+        # (admitted together, one slot each) exceed the sequence slots. Such a request is refused.
+        if not self.scheduler.can_ever_fit(len(prompt), 0) or n > self.scheduler.config.max_num_seqs:
             try:
                 self.timed(call_text("add_request", *args), lambda: self.scheduler.add_request(*args))
             except InvalidArgument:
                 self.count("scheduler refused")
                 return
-            raise AssertionError(f"a prompt of {len(prompt)} tokens that can never fit was queued")
+            raise AssertionError(f"a request of {n} samples of {len(prompt)} tokens that can never be admitted "
+                                 f"was queued")
         for seq_id in self.timed(call_text("add_request", *args), lambda: self.scheduler.add_request(*args)):
             self.prompt_of[seq_id] = prompt
 

@@ -275,7 +275,7 @@ class KernelMachine(RuleBasedStateMachine):
         prompt = data.draw(self.limits.prompts(), label="prompt")
         try:
             seq_ids = self.scheduler.add_request(self.fresh(), prompt, max_new_tokens, n)
-        except PagedKVError as error:   # a prompt the pool can never hold is refused up front
+        except PagedKVError as error:   # a request that can never be admitted is refused up front
             event(f"request -> {type(error).__name__}")
             return
         self.prompts.update(dict.fromkeys(seq_ids, prompt))

@@ -32,6 +32,7 @@ size the initial row arrays and arena, which grow as a workload needs.
 """
 
 import functools
+import marshal
 import threading
 from dataclasses import dataclass, field
 
@@ -456,10 +457,13 @@ class BlockManager:
     def _rows(self, seq_ids) -> np.ndarray:
         """Rows of distinct known sequences. Engines pass one batch list to several calls of a
         step (and often the same list step after step), so the rows of the last list checked are
-        remembered until a row is recycled. A hit needs that very list object, unchanged: equality
-        alone would let [False, True] or [0.0, 1.0] pass as [0, 1] without their checks."""
+        remembered until a row is recycled. A hit needs that very list object, unchanged, item
+        types included: the list may have been changed in place, and equality alone would let
+        [False, True] or [0.0, 1.0] pass as [0, 1] without their checks, so its marshal dump (one C
+        pass that writes each item's exact type) is compared instead."""
         last = self._last_batch
-        if last is not None and seq_ids is last[0] and last[3] == self.rows.version and seq_ids == last[1]:
+        if last is not None and seq_ids is last[0] and last[3] == self.rows.version \
+                and _dump(seq_ids) == last[1]:
             return last[2]
         ids = plain_seq_ids(seq_ids)
         try:
@@ -470,8 +474,9 @@ class BlockManager:
         seen[rows] = True
         require(np.count_nonzero(seen) == len(rows), "a batch names a sequence twice")
         rows.setflags(write=False)   # shared with the memo: nobody may change it
-        if type(seq_ids) is list:
-            self._last_batch = (seq_ids, list(ids), rows, self.rows.version)
+        dump = _dump(seq_ids) if type(seq_ids) is list else None
+        if dump is not None:
+            self._last_batch = (seq_ids, dump, rows, self.rows.version)
         return rows
 
     def _forget_memo(self) -> None:
@@ -677,3 +682,12 @@ class BlockManager:
         return (f"BlockManager(num_blocks={self.num_blocks}, block_size={self.block_size}, "
                 f"num_cpu_blocks={self.num_cpu_blocks}, prefix_caching={self.prefix_caching}, "
                 f"seqs={len(self.row_of)}, free={self.pool.num_free()})")
+
+
+def _dump(seq_ids: list):
+    """The batch list's items with their exact types, as bytes (None where marshal cannot write
+    one: an int subclass or a numpy scalar, which then never hit the memo)."""
+    try:
+        return marshal.dumps(seq_ids, 2)
+    except ValueError:
+        return None

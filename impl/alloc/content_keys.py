@@ -7,8 +7,11 @@ share Python's integer hash, included). The hash is therefore chosen for speed a
 resistance to crafted collisions: those cost a slower path, never a wrong hit.
 
 - A block's own hash is multilinear over its tokens (token j times a fixed odd 64-bit multiplier
-  for position j, summed mod 2**64), then folded (the high half xored into the low) so that the
-  low bits, which pick a dict slot, depend on every bit of every token (a product's high bits do).
+  for position j, summed mod 2**64), then folded (the high half xored into the low): bit k of a
+  product depends on the token's bits 0..k only, so folded bit i depends on bits 0..32+i, and the
+  low bits, which pick a dict slot, depend on every bit of any token id below 2**33 (every real
+  vocabulary). Larger ids that differ only in high bits may share low bits: a slower probe, never
+  a wrong hit.
 - A prefix's key chains its blocks' hashes: key(k) = key(k-1) * P + hash(k) mod 2**64, with
   key(-1) = ROOT. For a run of consecutive blocks that is a prefix sum, so a whole prompt is keyed
   with one cumsum: key(k) = P**k * (start * P + sum over i <= k of hash(i) * P**-i).

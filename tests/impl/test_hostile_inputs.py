@@ -315,6 +315,25 @@ def test_the_batch_memo_does_not_skip_the_type_checks():
     assert manager_state(bm) == before
 
 
+@pytest.mark.parametrize("bad", [False, 0.0])
+def test_the_batch_memo_sees_a_list_changed_in_place(bad):
+    """The very list the memo remembers, its first id replaced in place by an equal bool or float:
+    `[False, 1] == [0, 1]`, so the memo once handed back its rows and appended to sequence 0."""
+    bm = BlockManager(8, 2)
+    bm.add(0, [1])
+    bm.add(1, [2])
+    batch = [0, 1]
+    bm.block_tables(batch)
+    before = manager_state(bm)
+    batch[0] = bad
+    with pytest.raises(InvalidArgument):
+        bm.append_batch(batch, [5, 6])
+    assert manager_state(bm) == before
+    batch[0] = 0
+    bm.append_batch(batch, [5, 6])
+    assert [bm.length(0), bm.length(1)] == [2, 2]
+
+
 def test_blocks_for_append_refuses_sequences_that_do_not_run():
     bm = manager()
     for seq_id in (3, 4):
