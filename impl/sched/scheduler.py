@@ -12,7 +12,9 @@ Each `schedule()` call is one engine step:
 `update(outputs)` takes the sampled tokens of the sequences the last `schedule()` ran, finishes those
 that reached `max_new_tokens` (or the request's `eos`) and keeps the others' tokens for the next step.
 
-Reliability: every argument is checked at the door (a typed `pagedkv.spec` error, nothing queued);
+Reliability: every argument is checked at the door (a typed `pagedkv.spec` error, nothing queued),
+and so is a request that could never be admitted (a prompt beyond the pool above the watermark, or
+more samples than `max_num_seqs`: a request's samples are admitted together) and would wait forever;
 `schedule()` and `update()` are transactions: if anything raises inside (the block manager's own
 calls included, through `BlockManager.transaction`), the scheduler and its block manager are left
 as they were. Single-threaded by contract: one engine loop owns a scheduler and its block manager
