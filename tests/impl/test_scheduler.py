@@ -250,3 +250,22 @@ def test_the_default_kv_bytes_per_token_is_llama_3_8b_in_bf16():
     dimensions, 2 bytes each (Llama-3-8B's config.json, bf16)."""
     k_and_v, layers, kv_heads, head_dim, bf16 = 2, 32, 8, 128, 2
     assert SchedulerConfig().kv_bytes_per_token == k_and_v * layers * kv_heads * head_dim * bf16
+
+
+class RehashedId(int):
+    """An int subclass that hashes apart from its value: a dict holds it beside the plain id it equals."""
+
+    def __hash__(self):
+        return hash(("rehashed", int(self)))
+
+
+def test_update_refuses_a_sequence_named_twice_and_changes_nothing():
+    scheduler = Scheduler(BlockManager(8, 4), SchedulerConfig(watermark=0.0))
+    scheduler.add_request("a", [1, 2, 3], 1)                    # one token to generate: its sample finishes it
+    [seq_id] = scheduler.schedule().seq_ids
+    twice = {seq_id: 5, RehashedId(seq_id): 6}
+    assert len(twice) == 2                                      # two keys, both naming the same sequence
+    with pytest.raises(InvalidArgument, match="twice"):
+        scheduler.update(twice)
+    # Nothing was recorded: the sequence still awaits its one sample, which then finishes it.
+    assert scheduler.update({seq_id: 5}) == [seq_id]
