@@ -268,3 +268,32 @@ def test_a_chain_is_not_joined_to_a_content_nobody_holds_under_its_squeezed_key(
     subject.fill([3, 4], [0, 3], [b, (1, 1)])             # (p, b) files under (p, a)'s key
     subject.agrees()
     assert subject.cache.contents()[3] == (p, b)
+
+
+def test_forgetting_one_of_several_holders_leaves_the_others_serving(keys):
+    """Three blocks hold one content (filed without sharing, as a decode step's equal blocks are):
+    forgetting the middle holder, then the lowest, leaves the last one serving the prefix, and
+    forgetting it too leaves nothing served."""
+    subject = Subject()
+    subject.fill([1, 2, 3], [-1, -1, -1], [(1, 0)] * 3)
+    prompt = np.array([1, 0, 7], dtype=np.int64)
+    assert subject.cache.lookup(prompt, 1).tolist() == [1]
+    for forgotten, served in (([2], [1]), ([1], [3]), ([3], [])):
+        subject.forget(forgotten)
+        subject.agrees()
+        assert subject.cache.lookup(prompt, 1).tolist() == subject.expected_hits(((1, 0),)) == served
+
+
+def test_a_chain_nobody_holds_above_a_held_block_stays_findable(keys):
+    """Forgetting a chain's first two blocks in one batch, while the third still holds its
+    content: both prefixes stay indexed (nobody holds them, but a held block follows them), and an
+    equal prompt filed again finds the third block after its own two."""
+    subject = Subject()
+    subject.fill([1, 2, 3], [-1, 1, 2], [(1, 0), (0, 1), (1, 1)])
+    subject.forget([1, 2])
+    subject.agrees()
+    prompt = np.array([1, 0, 0, 1, 1, 1, 7], dtype=np.int64)
+    assert subject.cache.lookup(prompt, 3).tolist() == []          # nobody holds the first prefix
+    subject.fill([5, 6], [-1, 5], [(1, 0), (0, 1)])
+    subject.agrees()
+    assert subject.cache.lookup(prompt, 3).tolist() == [5, 6, 3]
