@@ -297,3 +297,16 @@ def test_a_chain_nobody_holds_above_a_held_block_stays_findable(keys):
     subject.fill([5, 6], [-1, 5], [(1, 0), (0, 1)])
     subject.agrees()
     assert subject.cache.lookup(prompt, 3).tolist() == [5, 6, 3]
+
+
+def test_a_holder_filed_between_two_others_keeps_the_later_one_listed(keys):
+    """Holders of one content are kept in block order: block 2 filed after 1 and 3 goes between
+    them, and once 1 and 2 are forgotten, 3 still serves the prefix."""
+    subject = Subject()
+    subject.fill([1, 3], [-1, -1], [(1, 0)] * 2)
+    subject.fill([2], [-1], [(1, 0)])
+    prompt = np.array([1, 0, 7], dtype=np.int64)
+    for forgotten, served in (([], [1]), ([1], [2]), ([2], [3])):
+        subject.forget(forgotten)
+        subject.agrees()
+        assert subject.cache.lookup(prompt, 1).tolist() == subject.expected_hits(((1, 0),)) == served
