@@ -104,3 +104,29 @@ def test_a_rollback_gives_blocks_freed_in_the_transaction_their_tokens_back(num_
     assert manager_state(bm) == before
     bm.check()
 
+
+
+def test_a_rollback_of_an_add_that_evicted_every_cached_block_restores_them_all():
+    """An add that takes the free blocks and then evicts every evictable one, undone: the cached
+    blocks are evictable again, in their release order, and still serve their prefix."""
+    bm = BlockManager(4, 2, prefix_caching=True)
+    bm.add(1, [1, 2, 3, 4])
+    bm.add(2, [5, 6])
+    bm.free(2)
+    bm.free(1)                                  # released after 2: 1's blocks are evicted last
+    assert bm.num_evictable_blocks() == 3 and bm.num_free_blocks() == 4
+    prompts = ([1, 2, 3, 4, 0], [5, 6, 0])
+    cached = [bm.cached_prefix_tokens(prompt) for prompt in prompts]
+    assert cached == [4, 2]
+    before = (list(bm.pool.evictable.items()), manager_state(bm))
+
+    def add_then_fail():
+        bm.add(3, [9, 9, 9, 9, 9, 9, 9])          # 4 blocks: the free one, then all three evicted
+        assert bm.num_evictable_blocks() == 0
+        raise Undone
+
+    with pytest.raises(Undone):
+        bm.transaction(add_then_fail)
+    assert (list(bm.pool.evictable.items()), manager_state(bm)) == before
+    assert [bm.cached_prefix_tokens(prompt) for prompt in prompts] == cached
+    bm.check()
