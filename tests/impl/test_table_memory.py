@@ -6,9 +6,12 @@ import tracemalloc
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings, strategies as st
 
 from pagedkv.impl import BlockManager
+from pagedkv.impl.alloc.journal import Journal
+from pagedkv.impl.alloc.rows import RowTables
 from pagedkv.spec import PagedKVError
 
 LONG, SHORT, SHORT_LEN = 200_000, 256, 16
@@ -169,3 +172,10 @@ def test_a_segment_not_placed_last_stays_garbage_until_the_last_one_goes():
     assert bm.rows.used == 8   # back to where 2's segment began; 1's garbage waits for a compaction
     assert not np.count_nonzero(bm.rows.arena[8:] != -1)
     bm.check()
+
+
+def test_row_tables_hand_out_their_tables_on_the_device_they_were_built_for():
+    """Off the host the batch tables move to the manager's device ("meta" stands in for CUDA here:
+    a device that is not the CPU, without one)."""
+    rows = RowTables(2, 2, torch.device("meta"), Journal())
+    assert rows.device_tables(np.array([], dtype=np.int64)).device.type == "meta"
