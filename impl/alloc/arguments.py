@@ -72,13 +72,21 @@ def check_prompt(tokens) -> np.ndarray:
     return np.array([plain_token(token) for token in tokens], dtype=np.int64)   # names the bad one
 
 
+def marshalled(items):
+    """A list's or tuple's items with their exact types, as bytes: one C pass (marshal format 2).
+    None when marshal cannot write an item (an int subclass, a numpy scalar, ...)."""
+    try:
+        return marshal.dumps(items, 2)
+    except ValueError:
+        return None
+
+
 def _small_plain_ints(tokens):
     """A list or tuple of plain ints in 0..2**31-1 as int64 (None when it is anything else: the
     caller then checks it item by item). One marshal dump types and reads every item in C, about
     three times faster than a type pass plus a conversion over the Python objects."""
-    try:
-        dump = marshal.dumps(tokens, 2)
-    except ValueError:   # an item marshal cannot write (an int subclass, a numpy scalar, ...)
+    dump = marshalled(tokens)
+    if dump is None:
         return None
     n = len(tokens)
     # Every item is tagged "i", and no value's last (most significant) byte has the sign bit set.

@@ -32,7 +32,6 @@ size the initial row arrays and arena, which grow as a workload needs.
 """
 
 import functools
-import marshal
 import threading
 from dataclasses import dataclass, field
 
@@ -44,8 +43,8 @@ from pagedkv.spec import (DuplicateSequence, InvalidArgument, InvalidState, Inva
 from pagedkv.spec.arguments import check_step_tokens, is_int, require
 from pagedkv.spec.blocks import blocks_needed
 
-from .arguments import (check_device, check_prompt, check_token_batch, check_token_counts, plain_seq_id,
-                        plain_seq_ids, plain_token)
+from .arguments import (check_device, check_prompt, check_token_batch, check_token_counts, marshalled,
+                        plain_seq_id, plain_seq_ids, plain_token)
 from .block_pool import BlockPool
 from .copies import Copies, PendingCopies
 from .cpu_pool import CpuPool
@@ -166,9 +165,7 @@ class BlockManager:
     def free(self, seq_id: int) -> None:
         """Finish or cancel a sequence in any status and release everything it holds."""
         seq_id = plain_seq_id(seq_id)
-        row = self.row_of.get(seq_id)
-        if row is None:
-            raise UnknownSequence(seq_id)
+        row = self._row(seq_id)
         self.pool.release(self.rows.table_view(row))
         cpu_table = self.rows.seq[row].cpu_block_table
         if cpu_table:   # only while swapped
@@ -435,9 +432,10 @@ class BlockManager:
 
     def _row(self, seq_id) -> int:
         seq_id = plain_seq_id(seq_id)
-        if seq_id not in self.row_of:
+        row = self.row_of.get(seq_id)
+        if row is None:
             raise UnknownSequence(seq_id)
-        return self.row_of[seq_id]
+        return row
 
     def _creation(self, seq_id) -> int:
         return self.rows.seq[self.row_of[seq_id]].created
@@ -463,7 +461,7 @@ class BlockManager:
         pass that writes each item's exact type) is compared instead."""
         last = self._last_batch
         if last is not None and seq_ids is last[0] and last[3] == self.rows.version \
-                and _dump(seq_ids) == last[1]:
+                and marshalled(seq_ids) == last[1]:
             return last[2]
         ids = plain_seq_ids(seq_ids)
         try:
@@ -474,7 +472,7 @@ class BlockManager:
         seen[rows] = True
         require(np.count_nonzero(seen) == len(rows), "a batch names a sequence twice")
         rows.setflags(write=False)   # shared with the memo: nobody may change it
-        dump = _dump(seq_ids) if type(seq_ids) is list else None
+        dump = marshalled(seq_ids) if type(seq_ids) is list else None
         if dump is not None:
             self._last_batch = (seq_ids, dump, rows, self.rows.version)
         return rows
@@ -549,9 +547,8 @@ class BlockManager:
         self.rows.seq_len[row] = len(tokens)
         self._make_running(row)
         journal.set(self.rows.seq[row], "cached_tokens", cached)
-        stats = self.stats   # saved when the transaction began
-        stats["prompt_tokens"] += len(tokens)
-        stats["cached_tokens"] += cached
+        self._count("prompt_tokens", len(tokens))
+        self._count("cached_tokens", cached)
         if self.cache is not None:
             self._fill_cache(table, len(hits), len(tokens) // B)
 
@@ -683,11 +680,3 @@ class BlockManager:
                 f"num_cpu_blocks={self.num_cpu_blocks}, prefix_caching={self.prefix_caching}, "
                 f"seqs={len(self.row_of)}, free={self.pool.num_free()})")
 
-
-def _dump(seq_ids: list):
-    """The batch list's items with their exact types, as bytes (None where marshal cannot write
-    one: an int subclass or a numpy scalar, which then never hit the memo)."""
-    try:
-        return marshal.dumps(seq_ids, 2)
-    except ValueError:
-        return None
