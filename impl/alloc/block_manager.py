@@ -303,8 +303,7 @@ class BlockManager:
         if type(num_tokens) is int and num_tokens == 1:
             run = self._run
             if run is not None and run.rows is rows and run.stamp == self.rows.changes:
-                slots = torch.from_numpy(run.slots.copy())
-                return slots if self.rows.on_host else slots.to(self.device)
+                return self.rows.on_device(torch.from_numpy(run.slots.copy()))
         self._require_running(rows)
         lens = self.rows.seq_len[rows]
         if type(num_tokens) is int and num_tokens == 1:   # decode: one position per sequence

@@ -45,7 +45,7 @@ def capacity_for(blocks: int) -> int:
 class RowTables:
     def __init__(self, max_seqs: int, blocks_per_seq: int, device: torch.device, journal):
         self.device = device
-        self.on_host = device.type == "cpu"                   # tensors handed out need no move
+        self._on_host = device.type == "cpu"                  # tensors handed out need no move
         self.journal = journal
         for name, (dtype, fill) in ROW_ARRAYS.items():
             setattr(self, name, np.full(max_seqs, fill, dtype=dtype))
@@ -223,7 +223,11 @@ class RowTables:
         """int32 [len(rows), M] tables on the device (a new tensor the caller owns), M = the most
         blocks any of the rows holds, -1 past each row's own blocks."""
         tables = torch.from_numpy(self._gather_again(rows))
-        return tables if self.on_host else tables.to(self.device)
+        return self.on_device(tables)
+
+    def on_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A host tensor handed out on the tables' device (the same tensor on the CPU: no copy)."""
+        return tensor if self._on_host else tensor.to(self.device)
 
     def current_tables(self, rows: np.ndarray):
         """`device_tables(rows)` when the last gather was of this very `rows` and no table changed
@@ -232,7 +236,7 @@ class RowTables:
         if last is None or last[0] is not rows or last[3] != self.changes:
             return None
         tables = torch.from_numpy(last[2].copy())
-        return tables if self.on_host else tables.to(self.device)
+        return self.on_device(tables)
 
     def _gather_again(self, rows: np.ndarray) -> np.ndarray:
         """`gather` at the most blocks any row holds, reusing the last call's tables when it asked
