@@ -134,9 +134,9 @@ class BlockManager:
         if seq_id in self.row_of:
             raise DuplicateSequence(seq_id)
         hits, needed = self._plan_prompt(written)
-        row = self._new_row(seq_id)
-        self._place_prompt(row, written, hits, needed)
-        return self.rows.seq[row].cached_tokens
+        cached = len(hits) * self.block_size
+        self._place_prompt(self._new_row(seq_id, cached), written, hits, needed)
+        return cached
 
     @atomic
     def append(self, seq_id: int, token: int) -> list:
@@ -158,7 +158,7 @@ class BlockManager:
         self.pool.share(table)
         child = self._new_row(child_id)   # a row `take` saved
         self.rows.seq_len[child] = self.rows.seq_len[parent]
-        self.rows.set_table(child, table)
+        self.rows.place_table(child, table)
         self._make_running(child)
 
     @atomic
@@ -198,7 +198,7 @@ class BlockManager:
             self._count("preempt_swap", 1)
             self._count("swap_outs", len(copies))
         self.pool.release(self.rows.table_view(row))
-        self.rows.set_table(row, [])
+        self.rows.clear_table(row)
         self.rows.row_status[row] = WAITING_CODE if mode == "recompute" else SWAPPED_CODE
         return copies
 
@@ -215,6 +215,7 @@ class BlockManager:
             tokens = np.array(seq.waiting_tokens, dtype=np.int64)
             hits, needed = self._plan_prompt(tokens)
             self._place_prompt(row, tokens, hits, needed)
+            journal.set(seq, "cached_tokens", len(hits) * self.block_size)
             journal.set(seq, "waiting_tokens", [])
             return []
         cpu_table = seq.cpu_block_table
@@ -223,7 +224,7 @@ class BlockManager:
         self._write_blocks(table, self.cpu_pool.block_tokens[cpu_table])
         self.cpu_pool.release(cpu_table)
         journal.set(seq, "cpu_block_table", [])
-        self.rows.set_table(row, table)
+        self.rows.place_table(row, table)
         self._make_running(row)
         self._fill_cache(table, 0, int(self.rows.seq_len[row]) // self.block_size)
         copies = list(zip(cpu_table, table))
@@ -439,9 +440,9 @@ class BlockManager:
     def _creation(self, seq_id) -> int:
         return self.rows.seq[self.row_of[seq_id]].created
 
-    def _new_row(self, seq_id: int) -> int:
+    def _new_row(self, seq_id: int, cached_tokens: int = 0) -> int:
         self._creations += 1
-        row = self.rows.take(_Seq(seq_id, self._creations))
+        row = self.rows.take(_Seq(seq_id, self._creations, cached_tokens))
         self.journal.put(self.row_of, seq_id, row)
         return row
 
@@ -532,7 +533,8 @@ class BlockManager:
         return hits, needed
 
     def _place_prompt(self, row: int, tokens: np.ndarray, hits: list, needed: int) -> None:
-        B, journal = self.block_size, self.journal
+        """Give a prompt's blocks to a row holding none (the caller records its cached tokens)."""
+        B = self.block_size
         if len(hits):
             self.pool.share(hits)
         fresh = self.pool.take(needed)
@@ -542,10 +544,9 @@ class BlockManager:
             written = np.concatenate([written, np.zeros(needed * B - len(written), dtype=np.int64)])
         self._write_blocks(fresh, written.reshape(needed, B))
         table = np.concatenate([np.asarray(hits, dtype=np.int64), fresh]) if len(hits) else fresh
-        self.rows.set_table(row, table)   # a row `add` or `resume` saved
+        self.rows.place_table(row, table)   # a row `add` or `resume` saved, holding none
         self.rows.seq_len[row] = len(tokens)
         self._make_running(row)
-        journal.set(self.rows.seq[row], "cached_tokens", cached)
         self._count("prompt_tokens", len(tokens))
         self._count("cached_tokens", cached)
         if self.cache is not None:

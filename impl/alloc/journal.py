@@ -11,7 +11,7 @@ Records are coarse where that is cheaper: one per batch of a kind (a ring take o
 blocks a prompt writes, a table push), one per row an operation changes (`RowTables.save_row`,
 after which the row's fields are written directly) and one for the manager's counters when a
 transaction begins (`BlockManager._save_counters`). Cost: O(what the operation touches), never
-O(state), some 12 records for an add + free (7 + 5, without prefix caching). Undoing removals from the middle of the evictable
+O(state), some 11 records for an add + free (6 + 5, without prefix caching). Undoing removals from the middle of the evictable
 LRU re-sorts it (O(evictable)), paid only on the failure path.
 """
 

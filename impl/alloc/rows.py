@@ -85,7 +85,7 @@ class RowTables:
 
     def recycle(self, row: int) -> None:
         self.save_row(row)
-        self.set_table(row, [])
+        self.clear_table(row)
         self.seq[row] = None
         self.row_status[row] = UNUSED_CODE
         self.free_rows.append(row)
@@ -97,7 +97,9 @@ class RowTables:
         (Arena slots and arrays replaced whole are recorded where they are written.) Every
         operation saves each row it changes this way, once, before changing it; `take` saves the
         row it hands out."""
-        fields = [array[row] for array in _row_arrays(self)]
+        # The fields in ROW_ARRAYS order, read one by one (a loop over the arrays costs twice this).
+        fields = (self.seq_len[row], self.num_held[row], self.admitted[row], self.row_status[row], self.start[row],
+                  self.capacity[row])
         self.journal.undo.append((self._restore_row, (row, fields, self.seq[row], len(self.free_rows),
                                                       self.used, self.live)))
 
@@ -133,17 +135,26 @@ class RowTables:
         view.flags.writeable = False
         return view
 
-    def set_table(self, row: int, table) -> None:
-        """Make `table` (a list or int array) the blocks of a saved row, in a segment of its size."""
-        capacity = capacity_for(len(table))
-        if capacity != self.capacity[row]:
-            self._drop_segment(row)
-            if capacity:
-                self._place_one(row, capacity)
-        if len(table):
-            start = int(self.start[row])
-            self.journal.assign(self.arena, slice(start, start + len(table)), table)
-        self.num_held[row] = len(table)
+    def place_table(self, row: int, table) -> None:
+        """Make `table` (a non-empty list or int array) the blocks of a saved row that holds none,
+        in a new segment of its size at the used end. Those slots were -1, as past `used`: the
+        undo writes -1 back, reading nothing."""
+        held = len(table)
+        capacity = capacity_for(held)
+        if self.used + capacity > len(self.arena):
+            self._compact(room=capacity)
+        start, arena = self.used, self.arena
+        self.journal.undo.append((arena.__setitem__, (slice(start, start + held), -1)))
+        arena[start:start + held] = table
+        self.start[row], self.capacity[row], self.num_held[row] = start, capacity, held
+        self.used += capacity
+        self.live += capacity
+        self._stamp(row)
+
+    def clear_table(self, row: int) -> None:
+        """A saved row holds no blocks now (its segment dropped)."""
+        self._drop_segment(row)
+        self.num_held[row] = 0
         self._stamp(row)
 
     def tails(self, rows: np.ndarray) -> np.ndarray:
@@ -308,15 +319,6 @@ class RowTables:
         self.arena[used:end] = -1   # the new segments, written or not
         self.start[rows], self.capacity[rows] = starts, caps
         self.used, self.live = used, live
-
-    def _place_one(self, row: int, capacity: int) -> None:
-        """A new segment at the used end for one saved row (`save_row`): its fields and the counts
-        change unrecorded."""
-        if self.used + capacity > len(self.arena):
-            self._compact(room=capacity)
-        self.start[row], self.capacity[row] = self.used, capacity
-        self.used += capacity
-        self.live += capacity
 
     def _drop_segment(self, row: int) -> None:
         """The (saved) row's segment is garbage now (its slots are never read again: a window that
