@@ -164,13 +164,12 @@ class BlockManager:
     @atomic
     def free(self, seq_id: int) -> None:
         """Finish or cancel a sequence in any status and release everything it holds."""
-        seq_id = plain_seq_id(seq_id)
         row = self._row(seq_id)
+        seq = self.rows.seq[row]
         self.pool.release(self.rows.table_view(row))
-        cpu_table = self.rows.seq[row].cpu_block_table
-        if cpu_table:   # only while swapped
-            self.cpu_pool.release(cpu_table)
-        self.journal.pop_ordered(self.row_of, seq_id, self._creation)
+        if seq.cpu_block_table:   # only while swapped
+            self.cpu_pool.release(seq.cpu_block_table)
+        self.journal.pop_ordered(self.row_of, seq.seq_id, self._creation)
         self.rows.recycle(row)
 
     @atomic

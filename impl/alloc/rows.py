@@ -176,7 +176,7 @@ class RowTables:
             self._move(rows[full] if batch is None else batch[self.num_held[batch] >= self.capacity[batch]])
         slots = self.start[rows] + held
         journal.undo.append((self._unpush, (rows, held, slots)))
-        self.arena[slots] = blocks
+        self.arena[slots] = blocks.astype(np.int32)   # a fancy write that casts costs ~2x the cast
         self.num_held[rows] = held + 1
         self._stamp(rows)
         return held
@@ -194,7 +194,8 @@ class RowTables:
         current = last is not None and last[0] is batch and last[3] == self.changes
         held = self.push(batch[positions], blocks, batch)
         if current:
-            tables, top = last[2], int(held.max()) + 1   # the most blocks a pushed row holds now
+            # The most blocks a pushed row holds now (argmax: a plain C loop, max(): a ufunc's setup).
+            tables, top = last[2], int(held[held.argmax()]) + 1
             if top > last[1]:   # once per block's worth of steps: widened here, copied whole per call
                 tables = np.concatenate([tables, np.full((len(batch), top - last[1]), -1, dtype=np.int32)], axis=1)
             tables[positions, held] = blocks
