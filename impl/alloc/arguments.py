@@ -117,7 +117,8 @@ def check_token_batch(tokens) -> np.ndarray:
             if negative or (tokens.dtype == np.uint64 and tokens.max() > MAX_TOKEN):
                 raise InvalidArgument("tokens are ints in 0..2**63-1")
         return tokens.astype(np.int64, copy=False)
-    require(isinstance(tokens, (list, tuple)), f"tokens must be a list, got {type(tokens).__name__}")
+    if not isinstance(tokens, (list, tuple)):   # (a require() would format its message every step)
+        raise InvalidArgument(f"tokens must be a list, got {type(tokens).__name__}")
     array = _small_plain_ints(tokens)
     if array is not None:
         return array

@@ -271,7 +271,8 @@ class BlockManager:
         order would, but all or nothing. Returns the copy-on-write copies."""
         tokens = check_token_batch(tokens)
         rows = self._rows(seq_ids)
-        require(len(rows) == len(tokens), f"{len(rows)} sequences but {len(tokens)} tokens")
+        if len(rows) != len(tokens):   # (a require() would format its message every step)
+            raise InvalidArgument(f"{len(rows)} sequences but {len(tokens)} tokens")
         self._require_running(rows)
         return self._append_rows(rows, tokens)
 
