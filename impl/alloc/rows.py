@@ -130,9 +130,9 @@ class RowTables:
 
     def table_view(self, row: int) -> np.ndarray:
         """The row's blocks as a read-only int32 view of the arena (valid until the next change)."""
-        start = int(self.start[row])
-        view = self.arena[start:start + int(self.num_held[row])]
-        view.flags.writeable = False
+        start = self.start.item(row)   # (item: a Python int, cheaper than int() of a numpy scalar)
+        view = self.arena[start:start + self.num_held.item(row)]
+        view.setflags(write=False)     # (setting view.flags.writeable costs ~4x)
         return view
 
     def place_table(self, row: int, table) -> None:
@@ -256,7 +256,8 @@ class RowTables:
         once (kept C-contiguous: a strided copy of [4096, 65] costs ~4x a contiguous one). A
         width that changed keeps the other rows too: they hold at most both widths' blocks, -1
         after them."""
-        width = int(self.num_held[rows].max(initial=0))
+        held = self.num_held[rows]
+        width = int(held[held.argmax()]) if len(held) else 0   # (argmax: no ufunc reduction's setup)
         last = self.last_gather
         if last is not None and (last[0] is rows or (
                 len(last[0]) == len(rows) and not np.count_nonzero(last[0] != rows))):
@@ -327,12 +328,12 @@ class RowTables:
         The segment placed last is given back to the used end instead (its blocks reset to -1, as
         past `used`): a sequence freed right after its admission, or preempted, leaves no garbage,
         so admitting and freeing one after another never compacts."""
-        capacity = int(self.capacity[row])
+        capacity = self.capacity.item(row)
         if capacity == 0:
             return
-        start = int(self.start[row])
+        start = self.start.item(row)
         if start + capacity == self.used:
-            self.journal.assign(self.arena, slice(start, start + int(self.num_held[row])), -1)
+            self.journal.assign(self.arena, slice(start, start + self.num_held.item(row)), -1)
             self.used = start
         self.capacity[row] = self.start[row] = 0
         self.live -= capacity

@@ -4,6 +4,7 @@ field by field."""
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings, strategies as st
 
 from pagedkv.impl import BlockManager
@@ -48,6 +49,15 @@ def test_an_empty_list_is_an_empty_batch():
     assert bm.append_batch([], []) == []
     assert bm.append_batch((), ()) == []
     assert manager_state(bm) == before
+
+
+def test_an_empty_batch_has_empty_tables():
+    """M, the most blocks any of the batch holds, is 0 for no sequences (the spec's max of nothing)."""
+    bm = BlockManager(8, 4)
+    bm.add(2, [3, 4, 5])
+    for empty in ([], (), np.zeros(0, dtype=np.int64)):
+        tables = bm.block_tables(empty)
+        assert tuple(tables.shape) == (0, 0) and tables.dtype == torch.int32
 
 
 @pytest.mark.parametrize("name", list(ROW_ARRAYS))
