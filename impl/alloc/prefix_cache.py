@@ -21,15 +21,21 @@ are fresh, so a lookup follows runs of ids from the node its first block's key n
 in a few array passes (a node is the only one with its parent and tokens), keying one block per
 run; past a few runs it keys the rest of the prompt with one cumsum and confirms every
 candidate at once. A decode step's filled blocks (each after a block indexed before) and a
-prompt's blocks (a chain) are keyed, checked against the key dict and linked in one pass; an
-eviction unlinks its blocks in one pass. Anything unusual (an equal block already indexed, a key taken, a
-block already indexed) takes the sequential path, which handles every case.
+prompt's blocks (a chain) are keyed, checked against the key dict and linked in one pass, under
+one undo record (node ids, fields, child counts, key dict); their preconditions are checked with
+an argmin or a bytes comparison, not a reduction, as a decode step's few blocks make the fixed
+cost of each array pass the cost. An eviction as the pool makes it (tables released tail first:
+runs of blocks from a leaf up, each the sole holder of its content, every content dying) is
+recognised by its child counts and removed in one pass; other evictions of sole holders count
+the dying contents until that settles. Anything unusual (an equal block already indexed, a key
+taken, a block already indexed, a shared content) takes the sequential path, which handles every
+case.
 
 Every change goes through the manager's journal (`journal.py`), so a failed operation is undone.
 """
 
 from collections import deque
-from itertools import repeat
+from itertools import chain, repeat
 from operator import itemgetter
 
 import numpy as np
@@ -47,7 +53,9 @@ class PrefixCache:
         self.block_tokens = block_tokens                 # the pool's: the manager writes it
         num_blocks, block_size = block_tokens.shape
         self.keys = ContentKeys(block_size)
-        self.block_node = np.full(num_blocks, NONE, dtype=np.int64)
+        # block_node with one more item, -1, after it: a parent -1 (a root) reads no node there.
+        self.parent_node = np.full(num_blocks + 1, NONE, dtype=np.int64)
+        self.block_node = self.parent_node[:num_blocks]
         self.next_holder = np.full(num_blocks, NONE, dtype=np.int64)   # holder lists, ascending
         # Node arrays start at one node per pool block (the most that can be held at once) and
         # double when nodes nobody holds pile up; unused ids are FREED and listed in `free_nodes`.
@@ -162,37 +170,37 @@ class PrefixCache:
         A block already indexed keeps its content."""
         blocks = np.asarray(blocks, dtype=np.int64)
         parents = np.asarray(parents, dtype=np.int64)
-        if not len(blocks):
+        n = len(blocks)
+        if not n:
             return
-        hashes = self.keys.block_hashes(self.block_tokens[blocks])
-        if self.block_node[blocks].max() != NONE:   # one already indexed (-1 is the least id)
+        hashes = self.keys.block_hashes(self.block_tokens.take(blocks, axis=0))   # (a fancy gather costs more)
+        if not _all_none(self.block_node[blocks]):   # one already indexed
             self._fill_sequentially(blocks, parents, hashes)
-        elif len(blocks) > 1 and parents[1] == blocks[0] and (parents[1:] == blocks[:-1]).all():
+        elif n > 1 and parents[1] == blocks[0] and parents[1:].tobytes() == blocks[:-1].tobytes():
             self._fill_chain(blocks, int(parents[0]), hashes)
         else:
             self._fill_each(blocks, parents, hashes)
 
     def _fill_each(self, blocks, parents, hashes) -> None:
         """Blocks that each follow a block indexed before (a decode step's): all new contents
-        with distinct keys, in one pass; anything else sequentially. Few array passes: this runs
-        every decode step."""
-        nodes = self.block_node[parents]              # a root's -1 reads the last block's
-        some_roots = parents.min() == NONE            # rare: a sequence's first block
-        if some_roots or nodes.min() == NONE:
+        with distinct keys, in one pass; anything else sequentially. Few array passes, none a
+        reduction where an argmin will do: this runs every decode step."""
+        nodes = self.parent_node[parents]             # a root's -1 reads the -1 after the blocks
+        if nodes[nodes.argmin()] == NONE:             # rare: a sequence's first block
             roots = parents == NONE
-            nodes[roots] = NONE
             if np.count_nonzero(nodes == NONE) != np.count_nonzero(roots):   # a parent is in the batch
                 self._fill_sequentially(blocks, parents, hashes)
                 return
-        parent_keys = self.node_key[nodes]
-        if some_roots:
+            parent_keys = self.node_key[nodes]
             parent_keys[roots] = ROOT
+        else:
+            parent_keys = self.node_key[nodes]
         keys = self.keys.after(parent_keys, hashes)
         names = dict_keys(keys)
         if len(set(names)) < len(names) or not self.by_key.keys().isdisjoint(names):
             self._fill_sequentially(blocks, parents, hashes)
             return
-        self._link(self._new_nodes(len(blocks)), blocks, nodes, keys, names)
+        self._link(blocks, keys, names, parent_nodes=nodes)
 
     def _fill_chain(self, blocks, parent: int, hashes) -> None:
         """Consecutive blocks of one table after `parent` (a prompt's): the leading ones whose
@@ -219,9 +227,8 @@ class PrefixCache:
             self._fill_sequentially(blocks[existing:], blocks[existing - 1:-1] if existing else
                                     np.concatenate(([parent], blocks[:-1])), hashes[existing:])
             return
-        new = self._new_nodes(len(rest))
         before = int(found[existing - 1]) if existing else start_node
-        self._link(new, blocks[existing:], np.concatenate(([before], new[:-1])), keys[existing:], rest)
+        self._link(blocks[existing:], keys[existing:], rest, after=before)
 
     def _existing_prefix(self, found, parent: int, rows) -> int:
         """How many leading candidates are confirmed: the right parent and the same tokens."""
@@ -246,9 +253,8 @@ class PrefixCache:
             key = step(ROOT if parent_node == NONE else int(self.node_key[parent_node]), block_hash)
             node = self._find(dict_key(key), parent_node, row)
             if node == NONE:
-                new = self._new_nodes(1)
-                self._link(new, np.array([block]), np.array([parent_node]), np.array([key], dtype=np.uint64),
-                           [dict_key(key)], untaken=False)
+                self._link(np.array([block]), np.array([key], dtype=np.uint64), [dict_key(key)],
+                           parent_nodes=np.array([parent_node]), untaken=False)
             else:
                 self._join(node, block)
 
@@ -266,31 +272,72 @@ class PrefixCache:
         holder = self.node_holder[node]
         return self.orphans[node] if holder == NONE else self.block_tokens[holder]
 
-    def _link(self, new, blocks, parent_nodes, keys, names: list, untaken: bool = True) -> None:
-        """Make `new[i]` (unused ids) the content of `blocks[i]` (not indexed), its only holder,
-        after `parent_nodes[i]`; `untaken`: the caller knows the keys are distinct and unfiled."""
-        journal = self.journal
-        # An unused id's parent is FREED and an unindexed block's node and next holder are -1:
-        # undoing sets those back (also right if this never happened) and restores the other
-        # fields, which an id freed earlier in this transaction must get back.
-        journal.undo.append((self._unlink, (new, blocks, self.node_key[new], self.node_holder[new],
-                                            self.node_children[new])))
-        self.node_parent[new] = parent_nodes
-        self.node_key[new] = keys
-        self.node_holder[new] = blocks
-        self.node_children[new] = 0
-        self.next_holder[blocks] = NONE
+    def _link(self, blocks, keys, names: list, parent_nodes=None, after: int = NONE,
+              untaken: bool = True) -> None:
+        """Make unused node ids the contents of `blocks` (not indexed), each its only holder, after
+        the nodes `parent_nodes[i]` (-1: none; none of them new) or, without them, a chain: the
+        first after node `after`, each later one after the one before; filed under `keys`
+        (`names` in the dict). `untaken`: the caller knows the names are distinct and unfiled.
+        Node ids are recycled ones first (off the end of the free list), then fresh ones, the
+        arrays doubled when those run out."""
+        journal, free, n = self.journal, self.free_nodes, len(blocks)
+        chained = parent_nodes is None
+        reused = free[len(free) - min(n, len(free)):]
+        start = self.nodes_used
+        fresh = n - len(reused)
+        if start + fresh > len(self.node_parent):
+            self._grow(start + fresh)
+        if chained:   # ids with the one before each first, `after` before the first
+            before = (np.fromiter(chain((after,), reused, range(start, start + fresh)), np.int64, n + 1) if reused
+                      else np.arange(start - 1, start + n, dtype=np.int64))
+            before[0] = after
+            new, parent_nodes = before[1:], before[:-1]
+            extended = after if after != NONE else None
+        else:
+            new = (np.fromiter(chain(reused, range(start, start + fresh)), np.int64, n) if reused
+                   else np.arange(start, start + n, dtype=np.int64))
+            extended = parent_nodes if NONE not in parent_nodes.tolist() else parent_nodes[parent_nodes != NONE]
+        # Fresh ids only (a decode step's, while no content has died): a slice, and nothing to save.
+        at, saved = (new, (self.node_key[new], self.node_holder[new], self.node_children[new])) if reused else \
+            (slice(start, start + n), None)
+        counts = self.node_children[extended] if extended is not None else None
+        ids = new.tolist()
+        # One record undoes it all, newest first; each part is harmless where nothing happened yet.
+        journal.undo.append((self._unlink, (new, at, saved, blocks, extended, counts, names, ids,
+                                            reused, len(free), start)))
+        del free[len(free) - len(reused):]
+        self.nodes_used = start + fresh
+        self.node_parent[at] = parent_nodes
+        self.node_key[at] = keys
+        self.node_holder[at] = blocks
         self.block_node[blocks] = new
-        extended = parent_nodes[parent_nodes != NONE]
-        journal.save(self.node_children, extended)
-        np.add.at(self.node_children, extended, 1)
-        self._file(names, new.tolist(), untaken)
+        if chained:   # each new content but the last has the next one as its child
+            self.node_children[at] = 1
+            self.node_children[new[-1]] = 0
+            if extended is not None:
+                self.node_children[extended] = counts + 1
+        else:
+            if reused:   # (a fresh id has no children)
+                self.node_children[at] = 0
+            if extended is not None:
+                np.add.at(self.node_children, extended, 1)   # (two new contents may follow one node)
+        self._file(names, ids, untaken)
 
-    def _unlink(self, new, blocks, keys, holders, children) -> None:
-        self.node_parent[new] = FREED
-        self.node_key[new], self.node_holder[new], self.node_children[new] = keys, holders, children
+    def _unlink(self, new, at, saved, blocks, extended, counts, names, ids, reused, free_length, used) -> None:
+        """Undo of `_link`. An id handed out fresh had a parent FREED, key 0, no holder and no
+        children; a recycled one gets its fields back (an id freed earlier in this transaction
+        must); an unindexed block's node and next holder are -1 (`_link` leaves the latter)."""
+        self._unfile_new(names, ids)
+        if extended is not None:
+            self.node_children[extended] = counts
+        self.node_parent[at] = FREED
+        if saved is None:
+            self.node_key[at], self.node_holder[at], self.node_children[at] = 0, NONE, 0
+        else:
+            self.node_key[at], self.node_holder[at], self.node_children[at] = saved
         self.block_node[blocks] = NONE
-        self.next_holder[blocks] = NONE
+        self.nodes_used = used
+        _give_back(self.free_nodes, reused, free_length)
 
     def _join(self, node: int, block: int) -> None:
         """`block` becomes one more holder of `node`, in block order."""
@@ -315,9 +362,14 @@ class PrefixCache:
         """These blocks are wiped (freed or evicted): each no longer holds its prefix, and a prefix
         nobody holds or extends leaves the index."""
         blocks = np.asarray(blocks, dtype=np.int64)
-        nodes = self.block_node[blocks]
-        blocks, nodes = blocks[nodes != NONE], nodes[nodes != NONE]
         if not len(blocks):
+            return
+        nodes = self.block_node[blocks]
+        if nodes[nodes.argmin()] == NONE:   # some are not indexed
+            blocks, nodes = blocks[nodes != NONE], nodes[nodes != NONE]
+            if not len(blocks):
+                return
+        elif self._forget_chains(blocks, nodes):
             return
         sole = (self.node_holder[nodes] == blocks) & (self.next_holder[blocks] == NONE)
         order = np.argsort(nodes)
@@ -332,6 +384,49 @@ class PrefixCache:
         kept = self.node_parent[nodes] != FREED      # nobody holds them, but they have children
         for node, block in zip(nodes[kept].tolist(), blocks[kept].tolist()):
             self.journal.put(self.orphans, node, self.block_tokens[block].copy())
+
+    def _forget_chains(self, blocks, nodes) -> bool:
+        """The usual eviction, in a few passes: the blocks come in runs, each a chain from a leaf
+        up (the next block holds the parent of this one's content), each block the sole holder of
+        its content and each content's only children the one before it in its run, so every
+        content dies. False, having changed nothing, for anything else."""
+        parents = self.node_parent[nodes]
+        children = self.node_children[nodes]
+        ends = np.ones(len(nodes), dtype=bool)      # ends[i]: block i + 1 does not hold its parent
+        np.not_equal(parents[:-1], nodes[1:], out=ends[:-1])
+        sole = self.node_holder[nodes] == blocks
+        # A block not its run's last holds the parent of the one before, so its content has a child
+        # at least: with at most one child each, and as many as blocks that are not their runs'
+        # last, each content's children are exactly the block before it.
+        if (not sole[sole.argmin()] or children[children.argmax()] > 1
+                or np.count_nonzero(children) != len(nodes) - np.count_nonzero(ends)
+                or not _all_none(self.next_holder[blocks])):
+            return False
+        ends = np.flatnonzero(ends)
+        ids, last = nodes.tolist(), ends.tolist()
+        # A block named twice would be a leaf twice (above a leaf each content has one child).
+        if len({ids[0], *(ids[end + 1] for end in last[:-1])}) < len(last):
+            return False
+        journal = self.journal
+        names = dict_keys(self.node_key[nodes])
+        journal.undo.append((self._unforget, (blocks, nodes, parents, len(self.free_nodes))))
+        self.block_node[blocks] = NONE
+        self.node_holder[nodes] = NONE
+        self.node_parent[nodes] = FREED
+        self.free_nodes.extend(ids)
+        self._unfile(names, ids)
+        outside = parents[ends]
+        outside = outside[outside != NONE]
+        if len(outside):
+            self._remove(self._bereave(outside))
+        return True
+
+    def _unforget(self, blocks, nodes, parents, free_length: int) -> None:
+        """Undo of `_forget_chains` (each part harmless where nothing happened yet)."""
+        del self.free_nodes[free_length:]
+        self.node_parent[nodes] = parents
+        self.node_holder[nodes] = blocks
+        self.block_node[blocks] = nodes
 
     def _dying(self, nodes: np.ndarray, order: np.ndarray, ranked: np.ndarray) -> np.ndarray:
         """Which of these distinct nodes (`ranked`: sorted, by `order`), nobody's holders now, go:
@@ -386,26 +481,23 @@ class PrefixCache:
             outside = outside[self.node_parent[outside] != FREED]
             if not len(outside):   # (a whole chain went) no ancestor is left to die
                 return
-            journal.save(self.node_children, outside)
-            np.subtract.at(self.node_children, outside, 1)
-            dying = np.unique(outside[(self.node_children[outside] == 0) & (self.node_holder[outside] == NONE)])
+            dying = self._bereave(outside)
+
+    def _bereave(self, parents: np.ndarray) -> np.ndarray:
+        """Each of these live nodes (repeats too) loses a child; those left with neither children
+        nor holders, in id order."""
+        children, holder = self.node_children, self.node_holder
+        if len(parents) <= 4:   # (usual: a run's parent, if any) scalar steps cost less than array passes
+            for node in parents.tolist():
+                self.journal.assign(children, node, children[node] - 1)
+            return np.array(sorted({node for node in parents.tolist() if children[node] == 0 and holder[node] == NONE}),
+                            dtype=np.int64)
+        self.journal.save(children, parents)
+        np.subtract.at(children, parents, 1)
+        bare = (children[parents] == 0) & (holder[parents] == NONE)
+        return np.unique(parents[bare]) if np.count_nonzero(bare) else parents[:0]
 
     # ---------------------------------------------------------------- node ids and keys
-
-    def _new_nodes(self, n: int) -> np.ndarray:
-        """`n` unused node ids: recycled ones first, the arrays doubled when they run out."""
-        journal, free = self.journal, self.free_nodes
-        reused = free[len(free) - min(n, len(free)):]
-        journal.undo.append((_give_back, (free, reused, len(free))))
-        del free[len(free) - len(reused):]
-        fresh = n - len(reused)
-        if self.nodes_used + fresh > len(self.node_parent):
-            self._grow(self.nodes_used + fresh)
-        ids = np.arange(self.nodes_used, self.nodes_used + fresh, dtype=np.int64)
-        if reused:
-            ids = np.concatenate((np.array(reused, dtype=np.int64), ids))
-        journal.set(self, "nodes_used", self.nodes_used + fresh)
-        return ids
 
     def _grow(self, needed: int) -> None:
         size = max(needed, 2 * len(self.node_parent))
@@ -418,8 +510,7 @@ class PrefixCache:
     def _file(self, names: list, nodes: list, untaken: bool) -> None:
         """File new nodes under their keys; a taken key (the sequential path) lists the node
         among its collisions."""
-        by_key = self.by_key
-        self.journal.undo.append((self._unfile_new, (names, nodes)))
+        by_key = self.by_key   # (undone by `_link`'s record)
         if untaken:
             by_key.update(zip(names, nodes))
             return
@@ -445,7 +536,7 @@ class PrefixCache:
         """Take nodes out of the key index; a collided node moves up to a freed first place."""
         journal, by_key, collided = self.journal, self.by_key, self.collided
         if not collided:   # every key names one node: plain deletes (in C), one undo record
-            journal.undo.append((by_key.update, (list(zip(names, nodes)),)))
+            journal.undo.append((by_key.update, (zip(names, nodes),)))   # (an undo runs once)
             deque(map(by_key.__delitem__, names), maxlen=0)
             return
         for name, node in zip(names, nodes):
@@ -549,6 +640,12 @@ class PrefixCache:
         problems += [f"content {n} counts {self.node_children[n]} children, has {children.get(n, 0)}"
                      for n in live if self.node_children[n] != children.get(n, 0)]
         return problems
+
+
+def _all_none(values: np.ndarray) -> bool:
+    """Whether every item of an int64 array is -1 (all bits set): one bytes comparison, cheaper
+    than any reduction for the few items of a decode step."""
+    return values.tobytes() == b"\xff" * values.nbytes
 
 
 def _give_back(free: list, taken: list, length: int) -> None:
