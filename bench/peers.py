@@ -8,7 +8,10 @@ block hasher), loaded by pagedkv's vLLM adapter (`pagedkv.fuzz.adapters.vllm_v1`
 wheel cache) and driven as vLLM's scheduler drives it. vLLM's worker-side block-table update and
 slot mapping (a numpy row per request, new block ids appended each step, slots gathered from it) are
 re-created in numpy, since the worker itself needs a GPU. pagedkv's side is the public `BlockManager`
-API: `append_batch`, `block_tables`, `slot_mapping`, `add`, `free`, `cached_prefix_tokens`.
+API: `decode` (a decode step in one call: the append, then the batch's block tables and slot mapping,
+as `append_batch`, `block_tables` and `slot_mapping` in turn would answer), `add`, `free`,
+`cached_prefix_tokens`. Both sides get the batch as the same Python list (a tuple would save pagedkv
+the list's memo check, `BlockManager._rows`).
 
 Rows (block size 16, contexts of ~1000 tokens):
 - decode step, 256 / 1024 / 4096 running sequences, prefix caching off and on: append one token to
@@ -137,8 +140,8 @@ class PagedkvSide:
         self.bm.free(seq_id)
 
     def decode_step(self, seq_ids: list, tokens: list):
-        self.bm.append_batch(seq_ids, tokens)
-        return self.bm.block_tables(seq_ids), self.bm.slot_mapping(seq_ids)
+        step = self.bm.decode(seq_ids, tokens)
+        return step.block_tables, step.slot_mapping
 
     def lookup(self, tokens: list) -> int:
         return self.bm.cached_prefix_tokens(tokens)

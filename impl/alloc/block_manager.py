@@ -12,6 +12,12 @@ is how state is kept, so that an engine's per-step work is a handful of numpy op
 - ref counts, lengths and statuses are numpy arrays, so `append_batch` for a whole batch is
   vectorized; only the rare sequences that copy-on-write or fill a block under prefix caching
   take a short Python loop;
+- an engine's decode step is one call: `decode(seq_ids, tokens)` appends like `append_batch` and
+  hands back, in a `DecodeStep`, the copies and the batch's block tables and slot mapping (what
+  `block_tables` and `slot_mapping` would answer right after), checking the batch once, under one
+  lock and one transaction. The rows of the last batch checked are remembered (`_rows`): a list
+  is compared with its marshal dump on each use (it may have changed in place), a tuple by
+  identity alone (its items cannot change), so a tuple batch is the cheapest to pass;
 - copies the engine must perform (copy-on-write, swap out, swap in) queue up, in call order,
   until `take_copies` (`copies.py`); the GPU pool (`block_pool.py`), CPU swap pool (`cpu_pool.py`),
   prefix cache (`prefix_cache.py`), argument checks (`arguments.py`), invariants (`invariants.py`)
@@ -34,6 +40,7 @@ size the initial row arrays and arena, which grow as a workload needs.
 import functools
 import threading
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -64,6 +71,13 @@ class _Seq:
     cached_tokens: int = 0
     waiting_tokens: list = field(default_factory=list)   # only while waiting (it holds no blocks)
     cpu_block_table: list = field(default_factory=list)  # only while swapped
+
+
+class DecodeStep(NamedTuple):
+    """What `BlockManager.decode` did, and what the step's forward pass reads."""
+    copies: list                 # the copy-on-write (src, dst) pairs, as `append_batch` returns them
+    block_tables: torch.Tensor   # the batch's tables after the append, as `block_tables` gives them
+    slot_mapping: torch.Tensor   # the slot each new token went to, as `slot_mapping` gives it
 
 
 def _locked(method):
@@ -107,7 +121,7 @@ class BlockManager:
         self.copies = PendingCopies(self.device, self.journal)
         self._admissions = 0
         self._creations = 0
-        self._last_batch = None               # (the list, its plain ids, rows, rows.version)
+        self._last_batch = None               # (the list or tuple, a list's dump, its rows, rows.version)
         # What the last batch append learnt, valid while no table changes (`rows.changes`, which
         # every admission, preemption, resumption and free bumps): those rows all run, the slots
         # their new tokens went to (the decode slot mapping), their lengths (`DecodeRun`).
@@ -269,12 +283,15 @@ class BlockManager:
     def append_batch(self, seq_ids, tokens) -> list:
         """Append tokens[i] to seq_ids[i] for every i, exactly as that many `append` calls in this
         order would, but all or nothing. Returns the copy-on-write copies."""
-        tokens = check_token_batch(tokens)
-        rows = self._rows(seq_ids)
-        if len(rows) != len(tokens):   # (a require() would format its message every step)
-            raise InvalidArgument(f"{len(rows)} sequences but {len(tokens)} tokens")
-        self._require_running(rows)
-        return self._append_rows(rows, tokens)
+        return self._append_batch(seq_ids, tokens)[1]
+
+    @atomic
+    def decode(self, seq_ids, tokens) -> DecodeStep:
+        """A decode step in one call: `append_batch(seq_ids, tokens)`, then the batch's
+        `block_tables(seq_ids)` and `slot_mapping(seq_ids)` as they would answer right after, with
+        the batch checked once. All or nothing, errors as `append_batch`'s."""
+        rows, copies = self._append_batch(seq_ids, tokens)
+        return DecodeStep(copies, self._tables(rows), self._decode_slots(rows))
 
     @_locked
     def blocks_for_append(self, seq_ids) -> int:
@@ -287,9 +304,7 @@ class BlockManager:
     def block_tables(self, seq_ids) -> torch.Tensor:
         """int32 [N, M] block tables of these sequences on `device`, M = the most blocks any of
         them holds, -1 past a sequence's own blocks."""
-        rows = self._rows(seq_ids)
-        tables = self.rows.current_tables(rows)   # the batch's last tables, if no table changed
-        return self.rows.device_tables(rows) if tables is None else tables
+        return self._tables(self._rows(seq_ids))
 
     @_locked
     def seq_lens(self, seq_ids) -> torch.Tensor:
@@ -302,21 +317,14 @@ class BlockManager:
         `num_tokens`: one int for all, or one per sequence."""
         rows = self._rows(seq_ids)
         if type(num_tokens) is int and num_tokens == 1:
-            run = self._run
-            if run is not None and run.rows is rows and run.stamp == self.rows.changes:
-                return self.rows.on_device(torch.from_numpy(run.slots.copy()))
+            return self._decode_slots(rows)
         self._require_running(rows)
         lens = self.rows.seq_len[rows]
-        if type(num_tokens) is int and num_tokens == 1:   # decode: one position per sequence
-            seg_rows, positions = rows, lens - 1
-        else:
-            counts = check_token_counts(num_tokens, lens)
-            seg_rows = np.repeat(rows, counts)
-            ends = np.cumsum(counts)
-            positions = np.arange(ends[-1] if len(ends) else 0) - np.repeat(ends - counts, counts) \
-                + np.repeat(lens - counts, counts)
-        blocks = self.rows.blocks_at(seg_rows, positions // self.block_size)
-        return torch.from_numpy(blocks * self.block_size + positions % self.block_size).to(self.device)
+        counts = check_token_counts(num_tokens, lens)
+        ends = np.cumsum(counts)
+        positions = np.arange(ends[-1] if len(ends) else 0) - np.repeat(ends - counts, counts) \
+            + np.repeat(lens - counts, counts)
+        return self._slots_at(np.repeat(rows, counts), positions)
 
     @atomic
     def take_copies(self) -> Copies:
@@ -453,15 +461,17 @@ class BlockManager:
         return row
 
     def _rows(self, seq_ids) -> np.ndarray:
-        """Rows of distinct known sequences. Engines pass one batch list to several calls of a
-        step (and often the same list step after step), so the rows of the last list checked are
-        remembered until a row is recycled. A hit needs that very list object, unchanged, item
-        types included: the list may have been changed in place, and equality alone would let
+        """Rows of distinct known sequences. Engines pass one batch to several calls of a step
+        (and often the same one step after step), so the rows of the last list or tuple checked
+        are remembered until a row is recycled. A hit needs that very object, unchanged, item
+        types included. A list may have been changed in place, and equality alone would let
         [False, True] or [0.0, 1.0] pass as [0, 1] without their checks, so its marshal dump (one C
-        pass that writes each item's exact type) is compared instead."""
+        pass that writes each item's exact type) is compared instead. A tuple that passed cannot
+        change (its items are ints, a subclass's value as immutable as an int's), so identity
+        suffices: no dump (remembered as None)."""
         last = self._last_batch
         if last is not None and seq_ids is last[0] and last[3] == self.rows.version \
-                and marshalled(seq_ids) == last[1]:
+                and (last[1] is None or marshalled(seq_ids) == last[1]):
             return last[2]
         ids = plain_seq_ids(seq_ids)
         try:
@@ -472,10 +482,40 @@ class BlockManager:
         seen[rows] = True
         require(np.count_nonzero(seen) == len(rows), "a batch names a sequence twice")
         rows.setflags(write=False)   # shared with the memo: nobody may change it
-        dump = marshalled(seq_ids) if type(seq_ids) is list else None
-        if dump is not None:
-            self._last_batch = (seq_ids, dump, rows, self.rows.version)
+        if type(seq_ids) is tuple:
+            self._last_batch = (seq_ids, None, rows, self.rows.version)
+        elif type(seq_ids) is list:
+            dump = marshalled(seq_ids)
+            if dump is not None:
+                self._last_batch = (seq_ids, dump, rows, self.rows.version)
         return rows
+
+    def _append_batch(self, seq_ids, tokens):
+        """`append_batch`'s checks and append: the batch's rows and the copies."""
+        tokens = check_token_batch(tokens)
+        rows = self._rows(seq_ids)
+        if len(rows) != len(tokens):   # (a require() would format its message every step)
+            raise InvalidArgument(f"{len(rows)} sequences but {len(tokens)} tokens")
+        self._require_running(rows)
+        return rows, self._append_rows(rows, tokens)
+
+    def _tables(self, rows: np.ndarray) -> torch.Tensor:
+        tables = self.rows.current_tables(rows)   # the batch's last tables, if no table changed
+        return self.rows.device_tables(rows) if tables is None else tables
+
+    def _decode_slots(self, rows: np.ndarray) -> torch.Tensor:
+        """The slot of each running row's last token: the last batch append's, if it was of these
+        rows and no table changed since."""
+        run = self._run
+        if run is not None and run.rows is rows and run.stamp == self.rows.changes:
+            return self.rows.on_device(torch.from_numpy(run.slots.copy()))
+        self._require_running(rows)
+        return self._slots_at(rows, self.rows.seq_len[rows] - 1)
+
+    def _slots_at(self, rows: np.ndarray, positions: np.ndarray) -> torch.Tensor:
+        """Slots (block * B + offset) of these token positions, positions[i] in rows[i]'s table."""
+        blocks = self.rows.blocks_at(rows, positions // self.block_size)
+        return self.rows.on_device(torch.from_numpy(blocks * self.block_size + positions % self.block_size))
 
     def _forget_memo(self) -> None:
         """After a rollback: rows the memo saw may have been recycled and restored, and tables

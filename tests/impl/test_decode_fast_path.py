@@ -2,12 +2,20 @@
 next slot or a new block per row, the remembered tables patched in place). Driven through any
 mix of changes in between, a manager called with the same batch list (the short path wherever it
 applies) and one called with a fresh copy each time (the full plan every step) stay identical in
-everything a caller can see, and both pass their invariant check."""
+everything a caller can see, and both pass their invariant check.
 
+`decode` (the step in one call) answers as `append_batch`, `block_tables` and `slot_mapping` called
+in turn on a twin manager, refusals, rollbacks and faults included."""
+
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from pagedkv.impl import BlockManager
-from pagedkv.spec import InvalidState, OutOfBlocks
+from pagedkv.spec import InvalidArgument, InvalidState, OutOfBlocks, UnknownSequence
+
+from test_fault_injection import (FaultInjector, Planted, arena_at_its_end, assert_fault_changes_nothing, cached_pool,
+                                  decoding_full_tables, decoding_pool, evicting_pool, fault_points, line_events,
+                                  manager_state)
 
 B = 2
 
@@ -147,3 +155,129 @@ def test_a_steady_run_sorts_its_phases_once_and_gathers_its_tables_once(monkeypa
         assert tables.is_contiguous()
     assert len(gathers) == 1
     assert len(sorts) == 1
+
+
+# ------------------------------------------------------------------ decode: one call for the step
+
+def three_calls(bm: BlockManager, batch, tokens):
+    """The step as three calls, answered as `decode_call` answers."""
+    try:
+        copies = bm.append_batch(batch, tokens)
+    except (OutOfBlocks, InvalidState, InvalidArgument, UnknownSequence) as error:
+        return (type(error).__name__, str(error))
+    tables, slots = bm.block_tables(batch), bm.slot_mapping(batch)
+    return ("ok", copies, tables.dtype, tables.tolist(), slots.dtype, slots.tolist())
+
+
+def decode_call(bm: BlockManager, batch, tokens):
+    try:
+        out = bm.decode(batch, tokens)
+    except (OutOfBlocks, InvalidState, InvalidArgument, UnknownSequence) as error:
+        return (type(error).__name__, str(error))
+    return ("ok", out.copies, out.block_tables.dtype, out.block_tables.tolist(), out.slot_mapping.dtype,
+            out.slot_mapping.tolist())
+
+
+def twin_state(bm: BlockManager) -> dict:
+    """`manager_state` less where the table segments lie in the arena: a rollback forgets the
+    decode memo, and the full plan moves fewer tables than the short path would."""
+    state = manager_state(bm)
+    del state["arena"]
+    return state
+
+
+def hostile(batch, tokens, kind: int):
+    """The step's arguments, one of them bad (kind 1..5), or as they are (0)."""
+    if kind == 1:
+        return batch, tokens[:-1]                                 # a token short
+    if kind == 2:
+        return batch, tokens[:-1] + [-1]                          # a negative token
+    if kind == 3:
+        return type(batch)([*batch[:-1], True]), tokens           # a bool id
+    if kind == 4:
+        return type(batch)([*batch[:-1], batch[0]]), tokens       # an id twice
+    if kind == 5:
+        return type(batch)([*batch[:-1], 999]), tokens            # an unknown id
+    return batch, tokens
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.integers(1, 6), between, st.integers(0, 3), st.integers(0, 9), st.integers(0, 12),
+                          st.integers(0, 120)), min_size=1, max_size=25),
+       st.booleans(), st.integers(14, 48), st.integers(1, 4), st.sampled_from(["list", "tuple", "fresh list"]))
+def test_decode_answers_as_the_three_calls(events, caching, num_blocks, B, batch_kind):
+    """Few blocks, so steps run out (OutOfBlocks, nothing appended) and evict; one draw in six a
+    bad argument (refused by both alike, nothing changed); some events plant a fault at a line of
+    each `decode` (nothing changed, then the call answers as undisturbed)."""
+    one, three = (BlockManager(num_blocks, B, num_cpu_blocks=16, prefix_caching=caching) for _ in range(2))
+    batch = [0, 1, 2, 3]
+    for bm in (one, three):
+        for seq_id in batch:
+            bm.add(seq_id, [seq_id % 2, 1, 2, 3][:1 + seq_id])
+    batch = tuple(batch) if batch_kind == "tuple" else batch
+    new_ids = iter(range(100, 200))
+    for decode_steps, event, victim, token, kind, fault_at in events:
+        for step in range(decode_steps):
+            ids = list(batch) if batch_kind == "fresh list" else batch
+            tokens = [(token + step + i) % 5 for i in range(len(batch))]
+            ids, tokens = hostile(ids, tokens, kind if kind <= 5 and step == 0 else 0)
+            before = manager_state(one)
+            try:
+                with FaultInjector(1 + fault_at + step if kind == 6 else None):
+                    answer = decode_call(one, ids, tokens)
+            except Planted:
+                assert manager_state(one) == before
+                one.check()
+                answer = decode_call(one, ids, tokens)   # then it answers as undisturbed
+            assert answer == three_calls(three, ids, tokens)
+            if answer[0] != "ok":
+                assert manager_state(one) == before
+        seq_id, new_id = batch[victim], next(new_ids)
+        for bm in (one, three):
+            running = bm.status(seq_id) == "running"
+            if event == "tables":
+                call(bm, "block_tables", batch)
+            elif event == "preempt" and running:
+                call(bm, "preempt", seq_id, "swap" if token % 2 else "recompute")
+            elif event in ("resume", "nothing"):   # every batch member that stopped running
+                for member in batch:
+                    if bm.status(member) != "running":
+                        call(bm, "resume", member)
+            elif event == "fork":   # two of the batch: the next step copies both tails (if partial)
+                for member, child in ((seq_id, new_id), (batch[victim - 1], new_id + 100)):
+                    if bm.status(member) == "running":
+                        call(bm, "fork", member, child)
+            elif event == "add_shared":
+                call(bm, "add", new_id, bm.tokens(seq_id)[:4] + [token] if running else [token])
+            elif event == "append_one" and running:
+                call(bm, "append", seq_id, token)
+            elif event == "free" and bm.seq_ids()[-1] not in batch:
+                call(bm, "free", bm.seq_ids()[-1])
+        assert twin_state(one) == twin_state(three)
+        one.check()
+        three.check()
+
+
+def decode_answer(bm: BlockManager, batch, tokens) -> tuple:
+    """`decode`'s answer as plain values (a tensor's own methods run no traced code)."""
+    out = bm.decode(batch, tokens)
+    return out.copies, out.block_tables.tolist(), out.slot_mapping.tolist()
+
+
+DECODE_OPERATIONS = {
+    "decode copy-on-write": (cached_pool, lambda bm: decode_answer(bm, [3, 1], [7, 6])),
+    "decode again (the short path)": (decoding_pool, lambda bm: decode_answer(bm, [1, 2], [9, 9])),
+    "decode again, tables move": (decoding_full_tables, lambda bm: decode_answer(bm, [1, 2], [9, 9])),
+    "decode evicting in order": (evicting_pool, lambda bm: decode_answer(bm, [6, 1, 3], [2, 6, 6])),
+    "decode compacting the arena": (arena_at_its_end, lambda bm: decode_answer(bm, (1, 2), [7, 7])),
+}
+
+
+@pytest.mark.parametrize("name", DECODE_OPERATIONS)
+def test_a_fault_at_any_line_of_decode_changes_nothing(name):
+    """As test_fault_injection's operations (PAGEDKV_FAULTS=all: every line)."""
+    setup, operation = DECODE_OPERATIONS[name]
+    total = line_events(setup, operation)
+    assert total >= 10, f"{name} reached only {total} lines"
+    for at in fault_points(total):
+        assert_fault_changes_nothing(setup, operation, at)

@@ -1,14 +1,16 @@
 """A decode step remembers what its batch append learnt (the rows all run, the slots the new tokens
 went to) until a table changes. Whatever runs in between, the batch's slot mapping and tables are
 what the public per-sequence queries say, and a batch holding a sequence that stopped running is
-refused."""
+refused. A tuple batch is remembered by identity alone (it cannot change): its hits read no dump,
+and a recycled row is still seen."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+import pagedkv.impl.alloc.block_manager as block_manager
 from pagedkv.impl import BlockManager
-from pagedkv.spec import InvalidState, OutOfBlocks
+from pagedkv.spec import InvalidArgument, InvalidState, OutOfBlocks, UnknownSequence
 
 B = 2
 
@@ -101,3 +103,59 @@ def test_handed_out_tables_are_the_callers_own():
         bm.append_batch(batch, [9, 9])       # a new block for each: patched into the manager's own
         assert handed.tolist() == before
         assert bm.block_tables(batch).tolist() == expected_tables(bm, batch)
+
+
+class Two(int):
+    """An int subclass whose value is 2 (a tuple may hold one: read by its value)."""
+
+
+def test_a_tuple_batch_hit_reads_no_dump_and_a_list_hit_reads_one(monkeypatch):
+    """A hit checks no id again (`plain_seq_ids` is the miss); a list's hit dumps it, a tuple's not."""
+    dumps = []
+    marshalled, plain_seq_ids = block_manager.marshalled, block_manager.plain_seq_ids
+    monkeypatch.setattr(block_manager, "marshalled", lambda items: dumps.append(type(items)) or marshalled(items))
+    monkeypatch.setattr(block_manager, "plain_seq_ids", lambda items: dumps.append("miss") or plain_seq_ids(items))
+    bm = BlockManager(64, 2)
+    for seq_id in range(3):
+        bm.add(seq_id, [seq_id, 1])
+    for batch in ((0, 1, Two(2)), [0, 1, 2]):
+        bm.decode(batch, [5, 5, 5])   # the miss: remembered
+        dumps.clear()
+        for step in range(3):
+            out = bm.decode(batch, [step] * 3)
+            assert out.slot_mapping.tolist() == expected_slots(bm, [0, 1, 2])
+            assert out.block_tables.tolist() == expected_tables(bm, [0, 1, 2])
+        assert dumps == ([] if type(batch) is tuple else [list] * 3)
+    assert [bm.length(s) for s in range(3)] == [10, 10, 10]
+
+
+def test_a_remembered_tuple_sees_its_rows_recycled():
+    """The tuple's sequence freed and a new one of its id added: a new row, found again."""
+    bm = BlockManager(64, 2)
+    for seq_id in range(2):
+        bm.add(seq_id, [seq_id, 1])
+    batch = (0, 1)
+    bm.decode(batch, [5, 5])
+    bm.free(1)
+    with pytest.raises(UnknownSequence):
+        bm.decode(batch, [6, 6])
+    bm.add(2, [4])     # takes the freed row
+    bm.add(1, [7, 7, 7])
+    out = bm.decode(batch, [8, 8])
+    assert bm.tokens(1) == [7, 7, 7, 8]
+    assert out.slot_mapping.tolist() == expected_slots(bm, [0, 1])
+    assert out.block_tables.tolist() == expected_tables(bm, [0, 1])
+
+
+@pytest.mark.parametrize("bad", [(0, True), (0.0, 1), (0, 1, 0), (0, 1, 99)])
+def test_a_tuple_batch_is_checked_before_it_is_remembered(bad):
+    """A bad tuple equal to a remembered one, or after one: refused, nothing changed."""
+    bm = BlockManager(16, 2)
+    bm.add(0, [1])
+    bm.add(1, [2])
+    bm.decode((0, 1), [3, 3])
+    before = [bm.tokens(0), bm.tokens(1)]
+    for _ in range(2):
+        with pytest.raises((InvalidArgument, UnknownSequence)):
+            bm.decode(bad, [5] * len(bad))
+    assert [bm.tokens(0), bm.tokens(1)] == before
