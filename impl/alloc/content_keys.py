@@ -42,6 +42,12 @@ class ContentKeys:
         h ^= h >> _FOLD   # one pass: a decode step pays for each
         return h
 
+    def block_hash(self, row: np.ndarray) -> int:
+        """`block_hashes` of one row of int64 tokens, as a Python int (a lookup's first block: the
+        fold in Python costs less than two array passes)."""
+        h = int(row.view(np.uint64) @ self.multipliers)
+        return h ^ (h >> 32)
+
     def after(self, parent_keys: np.ndarray, hashes: np.ndarray) -> np.ndarray:
         """Keys of blocks that each follow their own parent prefix (uint64 arrays, elementwise)."""
         return parent_keys * _P + hashes

@@ -122,7 +122,7 @@ class PrefixCache:
 
     def _name_after(self, parent_key: int, row) -> int:
         """The dict key of one block of tokens after the prefix keyed `parent_key`."""
-        return dict_key(step(parent_key, int(self.keys.block_hashes(row[None])[0])))
+        return dict_key(step(parent_key, self.keys.block_hash(row)))
 
     def _run(self, rows, first: int, parent: int) -> tuple:
         """The leading blocks of these rows, after the node `parent`, whose nodes are
@@ -197,10 +197,8 @@ class PrefixCache:
             parent_keys = self.node_key[nodes]
         keys = self.keys.after(parent_keys, hashes)
         names = dict_keys(keys)
-        if len(set(names)) < len(names) or not self.by_key.keys().isdisjoint(names):
-            self._fill_sequentially(blocks, parents, hashes)
-            return
-        self._link(blocks, keys, names, parent_nodes=nodes)
+        if not self.by_key.keys().isdisjoint(names) or not self._link(blocks, keys, names, parent_nodes=nodes):
+            self._fill_sequentially(blocks, parents, hashes)   # a key taken, or two of them one
 
     def _fill_chain(self, blocks, parent: int, hashes) -> None:
         """Consecutive blocks of one table after `parent` (a prompt's): the leading ones whose
@@ -223,12 +221,10 @@ class PrefixCache:
         rest = names[existing:]
         if not rest:
             return
-        if taken or len(set(rest)) < len(rest):
+        before = int(found[existing - 1]) if existing else start_node
+        if taken or not self._link(blocks[existing:], keys[existing:], rest, after=before):   # or two keys one
             self._fill_sequentially(blocks[existing:], blocks[existing - 1:-1] if existing else
                                     np.concatenate(([parent], blocks[:-1])), hashes[existing:])
-            return
-        before = int(found[existing - 1]) if existing else start_node
-        self._link(blocks[existing:], keys[existing:], rest, after=before)
 
     def _existing_prefix(self, found, parent: int, rows) -> int:
         """How many leading candidates are confirmed: the right parent and the same tokens."""
@@ -273,12 +269,12 @@ class PrefixCache:
         return self.orphans[node] if holder == NONE else self.block_tokens[holder]
 
     def _link(self, blocks, keys, names: list, parent_nodes=None, after: int = NONE,
-              untaken: bool = True) -> None:
+              untaken: bool = True) -> bool:
         """Make unused node ids the contents of `blocks` (not indexed), each its only holder, after
         the nodes `parent_nodes[i]` (-1: none; none of them new) or, without them, a chain: the
         first after node `after`, each later one after the one before; filed under `keys`
-        (`names` in the dict). `untaken`: the caller knows the names are distinct and unfiled.
-        Node ids are recycled ones first (off the end of the free list), then fresh ones, the
+        (`names` in the dict). `untaken`: the caller knows no name is filed; if two of them are
+        one, nothing is linked and the answer is False (the caller goes one block at a time). Node ids are recycled ones first (off the end of the free list), then fresh ones, the
         arrays doubled when those run out."""
         journal, free, n = self.journal, self.free_nodes, len(blocks)
         chained = parent_nodes is None
@@ -286,6 +282,8 @@ class PrefixCache:
         start = self.nodes_used
         fresh = n - len(reused)
         if start + fresh > len(self.node_parent):
+            if untaken and len(set(names)) < n:   # (rare) two names are one: no growing for nothing
+                return False
             self._grow(start + fresh)
         if chained:   # ids with the one before each first, `after` before the first
             before = (np.fromiter(chain((after,), reused, range(start, start + fresh)), np.int64, n + 1) if reused
@@ -305,6 +303,8 @@ class PrefixCache:
         # One record undoes it all, newest first; each part is harmless where nothing happened yet.
         journal.undo.append((self._unlink, (new, at, saved, blocks, extended, counts, names, ids,
                                             reused, len(free), start)))
+        if not self._file(names, ids, untaken):
+            return False
         del free[len(free) - len(reused):]
         self.nodes_used = start + fresh
         self.node_parent[at] = parent_nodes
@@ -321,7 +321,7 @@ class PrefixCache:
                 self.node_children[at] = 0
             if extended is not None:
                 np.add.at(self.node_children, extended, 1)   # (two new contents may follow one node)
-        self._file(names, ids, untaken)
+        return True
 
     def _unlink(self, new, at, saved, blocks, extended, counts, names, ids, reused, free_length, used) -> None:
         """Undo of `_link`. An id handed out fresh had a parent FREED, key 0, no holder and no
@@ -507,18 +507,25 @@ class PrefixCache:
             grown[:len(old)] = old
             self.journal.set(self, name, grown)
 
-    def _file(self, names: list, nodes: list, untaken: bool) -> None:
-        """File new nodes under their keys; a taken key (the sequential path) lists the node
-        among its collisions."""
-        by_key = self.by_key   # (undone by `_link`'s record)
+    def _file(self, names: list, nodes: list, untaken: bool) -> bool:
+        """File new nodes under their keys (undone by `_link`'s record). Untaken names go in one
+        update, whose size tells whether they were distinct: if not, none stays filed and the
+        answer is False. A taken key (the sequential path) lists the node among its collisions."""
+        by_key = self.by_key
         if untaken:
+            size = len(by_key)
             by_key.update(zip(names, nodes))
-            return
+            if len(by_key) - size == len(names):
+                return True
+            for name in names:   # none was filed before
+                by_key.pop(name, None)
+            return False
         for name, node in zip(names, nodes):
             if name in by_key:
                 self.collided[name] = (*self.collided.get(name, ()), node)
             else:
                 by_key[name] = node
+        return True
 
     def _unfile_new(self, names: list, nodes: list) -> None:
         """Undo of `_file` (harmless for keys it did not reach)."""
@@ -619,7 +626,7 @@ class PrefixCache:
             problems.append(f"content {node} is held and also keeps a copy of its tokens")
         if tokens is not None:
             parent_key = ROOT if parent == NONE else int(self.node_key[parent])
-            key = step(parent_key, int(self.keys.block_hashes(np.asarray(tokens)[None])[0]))
+            key = step(parent_key, self.keys.block_hash(np.asarray(tokens)))
             if key != int(self.node_key[node]) or node not in (self.by_key.get(dict_key(key)),
                                                                 *self.collided.get(dict_key(key), ())):
                 problems.append(f"content {node} is filed under a key its parent and tokens do not give")

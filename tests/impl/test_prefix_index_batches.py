@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pagedkv.impl.alloc.prefix_cache as prefix_cache
+from pagedkv.impl.alloc.content_keys import ContentKeys
 from pagedkv.impl.alloc.journal import Journal
 from pagedkv.impl.alloc.prefix_cache import PrefixCache
 
@@ -267,3 +268,14 @@ def test_ids_freed_by_an_eviction_serve_a_decode_step_and_a_rollback(keys):
     pool.model = dict(model)
     pool.fill([5, 6, 7], [4, 4, 0], [(1, 0), (0, 1), (1, 1)])   # a decode step on the same fresh ids
     pool.agrees()
+
+
+@settings(max_examples=100, deadline=None)
+@given(block_size=st.integers(1, 16), data=st.data())
+def test_one_rows_hash_is_the_batchs(block_size, data):
+    """A lookup's first block is hashed alone, in Python ints: the same hash as in a batch, for
+    any int64 tokens (negative and huge ones too)."""
+    keys = ContentKeys(block_size)
+    rows = np.array(data.draw(st.lists(st.lists(st.integers(-2 ** 63, 2 ** 63 - 1), min_size=block_size,
+                                                max_size=block_size), min_size=1, max_size=5)), dtype=np.int64)
+    assert [keys.block_hash(row) for row in rows] == keys.block_hashes(rows).tolist()
