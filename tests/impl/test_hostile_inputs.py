@@ -93,6 +93,8 @@ MANAGER_MATRIX = [
     ("step", [{1: 5}, lambda s: "swap"], 1, [None, "swap", 1]),
     ("append_batch", [RUNNING_BATCH, [5, 6]], 0, BATCH_IDS + [[1, 3], [1, 4]]),
     ("append_batch", [RUNNING_BATCH, [5, 6]], 1, BATCH_TOKENS),
+    ("decode", [RUNNING_BATCH, [5, 6]], 0, BATCH_IDS + [[1, 3], [1, 4]]),
+    ("decode", [RUNNING_BATCH, [5, 6]], 1, BATCH_TOKENS),
     ("blocks_for_append", [RUNNING_BATCH], 0, BATCH_IDS + [[3], [4]]),
     ("block_tables", [RUNNING_BATCH], 0, BATCH_IDS),
     ("seq_lens", [RUNNING_BATCH], 0, BATCH_IDS),
