@@ -393,7 +393,7 @@ class BlockManager:
 
     @_locked
     def num_evictable_blocks(self) -> int:
-        return len(self.pool.evictable)
+        return self.pool.num_evictable
 
     @_locked
     def num_active_blocks(self) -> int:
@@ -420,7 +420,7 @@ class BlockManager:
         looked_up = self.stats["prompt_tokens"]
         return {
             "free_blocks": self.pool.queued,
-            "evictable_blocks": len(self.pool.evictable),
+            "evictable_blocks": self.pool.num_evictable,
             "active_blocks": active,
             "usage": active / self.num_blocks,
             "prefix_hit_rate": self.stats["cached_tokens"] / looked_up if looked_up else 0.0,

@@ -4,16 +4,23 @@ Every block is exactly one of: free (in the free queue), evictable (ref count 0,
 the prefix cache, in `evictable` from least to most recently released) or live (ref count > 0).
 The free queue is a ring of block ids (`ring`, read from `head`, `queued` long, wrapping), so an
 allocation takes its blocks as one slice and a release appends a table in one write (two where
-the ring wraps, never index arrays): no Python work per block. Sharing and releasing to the LRU are OrderedDict moves, no scans.
-Every change goes through the manager's journal (`journal.py`), one undo record per call, so a
+the ring wraps, never index arrays): no Python work per block.
+
+The evictable LRU is arrays too: `stamp[b]`, block b's release stamp while it is evictable (0
+otherwise), and a log of (block, stamp) entries in release order (`lru_block`, `lru_stamp`, from
+`lru_head` to `lru_tail`). An entry is current while its block still has its stamp; reviving a
+block (a cache hit) zeroes its stamp, leaving its entry stale, never to match again (stamps only
+grow). So a release appends its blocks in one write, a hit revives its blocks in one write, and an
+eviction takes the first current entries from the head, passing the stale ones for good. A full
+log is rebuilt from its current entries into fresh arrays of twice their number (amortized O(1)
+per release; the undo puts the old arrays back).
+Every change goes through the manager's journal (`journal.py`), one undo record per change, so a
 failed operation is undone.
 """
 
-from collections import OrderedDict, deque
-from itertools import islice
-from operator import itemgetter
-
 import numpy as np
+
+MIN_LOG = 64   # the smallest LRU log, in entries
 
 
 class BlockPool:
@@ -25,7 +32,11 @@ class BlockPool:
         self.ring = np.arange(num_blocks, dtype=np.int64)   # the free queue: ring[head], ... (wrapping)
         self.head = 0
         self.queued = num_blocks
-        self.evictable: OrderedDict = OrderedDict()   # block -> release stamp, least recent first
+        self.stamp = np.zeros(num_blocks, dtype=np.int64)      # release stamp while evictable, else 0
+        self.lru_block = np.zeros(MIN_LOG, dtype=np.int64)     # the LRU log: releases, oldest first
+        self.lru_stamp = np.zeros(MIN_LOG, dtype=np.int64)
+        self.lru_head = self.lru_tail = 0
+        self.num_evictable = 0
         self.cache = cache
         self.evictions = 0
         self.releases = 0                             # release stamps: larger = released later
@@ -35,9 +46,26 @@ class BlockPool:
         """The never-cached free blocks, oldest first (a copy)."""
         return self._ring_read(self.head, self.queued).tolist()
 
+    @property
+    def evictable(self) -> list:
+        """The evictable blocks, least recently released first (a copy)."""
+        return self._lru_current(self.lru_head, self.lru_tail)[0].tolist()
+
+    def lru_entries(self) -> list:
+        """The evictable LRU as (block, release stamp) pairs, least recently released first."""
+        blocks, stamps, _ = self._lru_current(self.lru_head, self.lru_tail)
+        return list(zip(blocks.tolist(), stamps.tolist()))
+
+    def _lru_current(self, start: int, stop: int):
+        """The current entries among log positions start..stop-1: their blocks and stamps, and
+        their positions."""
+        blocks, stamps = self.lru_block[start:stop], self.lru_stamp[start:stop]
+        current = (self.stamp[blocks] == stamps).nonzero()[0]
+        return blocks[current], stamps[current], current + start
+
     def num_free(self) -> int:
         """Blocks an allocation could take now."""
-        return self.queued + len(self.evictable)
+        return self.queued + self.num_evictable
 
     def _ring_read(self, start: int, count: int) -> np.ndarray:
         """A copy of ring positions start, start + 1, ... (`count` of them, wrapping): one slice,
@@ -64,15 +92,7 @@ class BlockPool:
         from_queue = min(n, self.queued)
         blocks = self._ring_read(self.head, from_queue)
         if n > from_queue:
-            victims = list(islice(self.evictable, n - from_queue))   # least recently released first
-            stamps = []   # their release stamps, for the undo, as they leave
-            journal.undo.append((self._restore_lru_front, (victims, stamps)))
-            if len(victims) == len(self.evictable):
-                stamps.extend(self.evictable.values())
-                self.evictable.clear()
-            else:
-                stamps.extend(map(self.evictable.pop, victims))   # pop each, in C
-            victims = np.fromiter(victims, np.int64, len(victims))
+            victims = self._evict(n - from_queue)
             self.cache.forget(victims)
             journal.set(self, "evictions", self.evictions + len(victims))
             blocks = np.concatenate([blocks, victims])
@@ -87,35 +107,49 @@ class BlockPool:
         self.ref_count[blocks] = 0
         self.head, self.queued = head, queued
 
-    def _restore_lru_front(self, victims: list, stamps: list) -> None:
-        """Undo of evicting `victims` from the LRU's front, oldest first (those whose stamps were
-        read: all, once the eviction ran)."""
-        for block, stamp in reversed(list(zip(victims, stamps))):
-            if block not in self.evictable:
-                self.evictable[block] = stamp
-                self.evictable.move_to_end(block, last=False)
+    def _evict(self, n: int) -> np.ndarray:
+        """Take the `n` least recently released evictable blocks out of the LRU (n <= num_evictable):
+        the first current entries from the head, read a window at a time, each twice the last
+        (from twice `n`), so a run of stale entries costs a few windows, not a pass per entry."""
+        start, blocks, stamps = self.lru_head, [], []
+        missing, width = n, max(2 * n, 8)
+        while missing:
+            stop = min(start + width, self.lru_tail)
+            width *= 2
+            found, found_stamps, positions = self._lru_current(start, stop)
+            found, found_stamps = found[:missing], found_stamps[:missing]
+            blocks.append(found)
+            stamps.append(found_stamps)
+            missing -= len(found)
+            start = stop if missing else int(positions[len(found) - 1]) + 1
+        victims = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
+        self.journal.undo.append((self._unevict, (victims, np.concatenate(stamps) if len(stamps) > 1 else stamps[0],
+                                                  self.lru_head, self.num_evictable)))
+        self.stamp[victims] = 0
+        self.lru_head = start
+        self.num_evictable -= n
+        return victims
+
+    def _unevict(self, victims: np.ndarray, stamps: np.ndarray, head: int, num_evictable: int) -> None:
+        self.stamp[victims] = stamps
+        self.lru_head, self.num_evictable = head, num_evictable
 
     def share(self, blocks) -> None:
         """One more reference to each (distinct) block; an evictable one (nobody holds it: ref count
         0) becomes live again. One undo record for the LRU entries, one for the ref counts."""
         journal = self.journal
         refs = self.ref_count[blocks]
-        revived = np.asarray(blocks, dtype=np.int64)[refs == 0].tolist()
-        if revived:
-            entries = list(zip(revived, map(self.evictable.__getitem__, revived)))
-            journal.undo.append((self._restore_lru, (entries,)))
-            deque(map(self.evictable.pop, revived), maxlen=0)
+        revived = np.asarray(blocks, dtype=np.int64)[refs == 0]
+        if len(revived):   # their log entries go stale
+            journal.undo.append((self._unrevive, (revived, self.stamp[revived], self.num_evictable)))
+            self.stamp[revived] = 0
+            self.num_evictable -= len(revived)
         journal.undo.append((self.ref_count.__setitem__, (blocks, refs)))
         self.ref_count[blocks] = refs + 1
 
-    def _restore_lru(self, entries: list) -> None:
-        """Undo of taking (block, stamp) entries out of the LRU: put back those not there, in
-        release-stamp order (the LRU's order, see `problems`). O(evictable): the failure path."""
-        missing = [(block, stamp) for block, stamp in entries if block not in self.evictable]
-        if missing:
-            ordered = sorted([*self.evictable.items(), *missing], key=itemgetter(1))
-            self.evictable.clear()
-            self.evictable.update(ordered)
+    def _unrevive(self, revived: np.ndarray, stamps: np.ndarray, num_evictable: int) -> None:
+        self.stamp[revived] = stamps
+        self.num_evictable = num_evictable
 
     def unshare(self, blocks) -> None:
         """One reference fewer to each block, all of them still held by someone (copy-on-write)."""
@@ -140,13 +174,11 @@ class BlockPool:
             # hold nothing anyone can find again and are free.
             cached = self.cache.indexed(dead)
             if np.count_nonzero(cached) == len(dead):   # a prompt's full blocks: all indexed
-                free, indexed = dead[:0], dead.tolist()
+                free, indexed = dead[:0], dead
             else:
-                free, indexed = dead[~cached], dead[cached].tolist()
-            journal.undo.append((self._unrelease, (indexed,)))
-            first = self.releases + 1
-            self.evictable.update(zip(indexed, range(first, first + len(indexed))))
-            journal.set(self, "releases", self.releases + len(indexed))
+                free, indexed = dead[~cached], dead[cached]
+            if len(indexed):
+                self._file_evictable(indexed)
         end = (self.head + self.queued) % self.num_blocks
         journal.undo.append((self._unrelease_refs, (tail_first, old, end, self._ring_read(end, len(free)), self.queued)))
         self.ref_count[tail_first] = left
@@ -158,14 +190,43 @@ class BlockPool:
         self._ring_write(end, overwritten)   # a transaction's older step may need these slots again
         self.queued = queued
 
-    def _unrelease(self, indexed: list) -> None:
-        for block in indexed:
-            self.evictable.pop(block, None)
+    def _file_evictable(self, blocks: np.ndarray) -> None:
+        """Append these blocks (none evictable now) to the LRU, in this order, stamped as released now."""
+        n, tail = len(blocks), self.lru_tail
+        if tail + n > len(self.lru_block):
+            self._rebuild_log(n)
+            tail = self.lru_tail
+        stamps = np.arange(self.releases + 1, self.releases + 1 + n, dtype=np.int64)
+        self.journal.undo.append((self._unfile, (blocks, tail, self.num_evictable, self.releases)))
+        self.lru_block[tail:tail + n] = blocks
+        self.lru_stamp[tail:tail + n] = stamps
+        self.stamp[blocks] = stamps
+        self.lru_tail = tail + n
+        self.num_evictable += n
+        self.releases += n
+
+    def _unfile(self, blocks: np.ndarray, tail: int, num_evictable: int, releases: int) -> None:
+        self.stamp[blocks] = 0   # (log entries past the tail are never read)
+        self.lru_tail, self.num_evictable, self.releases = tail, num_evictable, releases
+
+    def _rebuild_log(self, room: int) -> None:
+        """Fresh log arrays holding the current entries, in order, and room for twice that plus
+        `room` (the old arrays are kept unchanged for the undo)."""
+        blocks, stamps, _ = self._lru_current(self.lru_head, self.lru_tail)
+        self.journal.undo.append((self._restore_log, (self.lru_block, self.lru_stamp, self.lru_head, self.lru_tail)))
+        size = max(MIN_LOG, 2 * (len(blocks) + room))
+        self.lru_block, self.lru_stamp = np.zeros(size, dtype=np.int64), np.zeros(size, dtype=np.int64)
+        self.lru_block[:len(blocks)], self.lru_stamp[:len(blocks)] = blocks, stamps
+        self.lru_head, self.lru_tail = 0, len(blocks)
+
+    def _restore_log(self, blocks: np.ndarray, stamps: np.ndarray, head: int, tail: int) -> None:
+        self.lru_block, self.lru_stamp, self.lru_head, self.lru_tail = blocks, stamps, head, tail
 
     def problems(self) -> list:
         """Broken parts of the `conservation` invariant for the GPU pool."""
         free = np.array(self.free_queue, dtype=np.int64)
-        ids = np.concatenate([free, np.fromiter(self.evictable, np.int64, len(self.evictable))])
+        evictable, stamps, _ = self._lru_current(self.lru_head, self.lru_tail)
+        ids = np.concatenate([free, evictable])
         inside = (ids >= 0) & (ids < self.num_blocks)
         problems = [f"gpu block id {b} outside the pool is free or evictable" for b in np.unique(ids[~inside]).tolist()]
         homes = np.bincount(ids[inside], minlength=self.num_blocks) + (self.ref_count > 0)
@@ -173,11 +234,10 @@ class BlockPool:
                      for b in np.flatnonzero(homes != 1).tolist()]
         if self.cache is not None:
             problems += [f"evictable block {b} is not in the prefix index"
-                         for b in self.evictable if 0 <= b < self.num_blocks and not self.cache.is_indexed(b)]
+                         for b in evictable.tolist() if 0 <= b < self.num_blocks and not self.cache.is_indexed(b)]
             # A free block is handed out and overwritten next: an index entry would serve its old prefix.
             free = free[(free >= 0) & (free < self.num_blocks)]
             problems += [f"free block {b} is in the prefix index" for b in free[self.cache.indexed(free)].tolist()]
-        stamps = list(self.evictable.values())
-        if stamps != sorted(stamps):
+        if np.count_nonzero(stamps[1:] <= stamps[:-1]):
             problems.append("the evictable LRU is out of release order")
         return problems

@@ -11,8 +11,7 @@ Records are coarse where that is cheaper: one per batch of a kind (a ring take o
 blocks a prompt writes, a table push), one per row an operation changes (`RowTables.save_row`,
 after which the row's fields are written directly) and one for the manager's counters when a
 transaction begins (`BlockManager._save_counters`). Cost: O(what the operation touches), never
-O(state), some 11 records for an add + free (6 + 5, without prefix caching). Undoing removals from the middle of the evictable
-LRU re-sorts it (O(evictable)), paid only on the failure path.
+O(state), some 11 records for an add + free (6 + 5, without prefix caching).
 """
 
 import functools
@@ -81,8 +80,8 @@ class Journal:
         items.update(added)
 
     def pop_ordered(self, ordered: dict, key, rank) -> None:
-        """Remove `key` from a dict whose insertion order is state and follows `rank(key)` (the
-        evictable LRU by release stamp, sequences by creation); undone at its old place."""
+        """Remove `key` from a dict whose insertion order is state and follows `rank(key)`
+        (sequences by creation); undone at its old place."""
         self.undo.append((_reinsert_ordered, (ordered, key, ordered[key], rank(key), rank)))
         del ordered[key]
 

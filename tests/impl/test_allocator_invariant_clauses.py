@@ -106,6 +106,24 @@ def drop_newest_free(bm) -> None:
     bm.pool.queued -= 1
 
 
+def file_evictable(bm, block: int, stamp: int) -> None:
+    """Append `block` to the evictable LRU with this release stamp, nothing else changed."""
+    pool = bm.pool
+    if pool.lru_tail == len(pool.lru_block):
+        pool.lru_block, pool.lru_stamp = (np.concatenate([a, np.zeros(len(a), dtype=np.int64)])
+                                          for a in (pool.lru_block, pool.lru_stamp))
+    pool.lru_block[pool.lru_tail], pool.lru_stamp[pool.lru_tail] = block, stamp
+    pool.lru_tail += 1
+    pool.stamp[block] = stamp
+    pool.num_evictable += 1
+
+
+def unfile_evictable(bm, block: int) -> None:
+    """Take `block` out of the evictable LRU, nothing else changed (its log entry goes stale)."""
+    bm.pool.stamp[block] = 0
+    bm.pool.num_evictable -= 1
+
+
 def set_table_block(bm, row: int, j: int, block: int) -> None:
     bm.rows.arena[bm.rows.start[row] + j] = block
 
@@ -216,8 +234,13 @@ def index_a_free_block(bm):
 
 
 def reorder_the_lru(bm):
+    """The least recently released block moves to the LRU's end, keeping its release stamp."""
     evictable(bm, 1)   # two of them
-    bm.pool.evictable.move_to_end(evictable(bm, 0))
+    pool, block = bm.pool, evictable(bm, 0)
+    stamp = int(pool.stamp[block])
+    unfile_evictable(bm, block)
+    pool.lru_stamp[pool.lru_head + np.flatnonzero(pool.lru_block[pool.lru_head:pool.lru_tail] == block)] = 0   # stale for good
+    file_evictable(bm, block, stamp)
 
 
 def free_a_held_cpu_block(bm):
@@ -237,7 +260,7 @@ def drop_a_reference(bm, block: int) -> None:
     pool.ref_count[block] -= 1
     if pool.ref_count[block] == 0 and node_of(bm, block) != NONE:
         pool.releases += 1
-        pool.evictable[block] = pool.releases
+        file_evictable(bm, block, pool.releases)
     elif pool.ref_count[block] == 0:
         push_free(bm, block)
 
@@ -391,7 +414,7 @@ def unhold_a_leaf(bm, leaf: int, keep_copy: bool) -> None:
         cache.orphans[node] = bm.block_tokens[leaf].copy()
     set_holders(bm, node, [])
     cache.block_node[leaf] = NONE
-    del bm.pool.evictable[leaf]
+    unfile_evictable(bm, leaf)
     push_free(bm, leaf)
 
 
@@ -453,7 +476,7 @@ def index_a_block_after_another_prefix(bm):
     second = bm.rows.table(row)[1]
     assume(node_of(bm, second) != NONE)
     set_table_block(bm, row, 1, stranger)
-    del bm.pool.evictable[stranger]
+    unfile_evictable(bm, stranger)
     bm.pool.ref_count[stranger] = 1
     drop_a_reference(bm, second)
 

@@ -1,6 +1,9 @@
 """The GPU block pool without prefix caching against a model of the spec's pool: a FIFO free
 queue (kept as a ring that wraps) and ref counts; a released table gives its dead blocks back
-tail first. Every step recorded in the journal is undone exactly by a rollback."""
+tail first. Every step recorded in the journal is undone exactly by a rollback.
+With prefix caching, the evictable LRU (a log of release stamps, stale entries left by hits, rebuilt
+when full) against the spec's OrderedDict over long programs, and a fault at any line of a release
+that rebuilds the log or an eviction that passes stale entries."""
 
 from collections import deque
 
@@ -9,11 +12,11 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from pagedkv.impl import BlockManager
-from pagedkv.impl.alloc.block_pool import BlockPool
+from pagedkv.impl.alloc.block_pool import MIN_LOG, BlockPool
 from pagedkv.impl.alloc.journal import Journal
-from pagedkv.spec import OutOfBlocks
+from pagedkv.spec import KVSpec, OutOfBlocks
 
-from test_fault_injection import manager_state
+from test_fault_injection import assert_fault_changes_nothing, fault_points, line_events, manager_state
 
 
 def pool_state(pool: BlockPool) -> tuple:
@@ -118,7 +121,7 @@ def test_a_rollback_of_an_add_that_evicted_every_cached_block_restores_them_all(
     prompts = ([1, 2, 3, 4, 0], [5, 6, 0])
     cached = [bm.cached_prefix_tokens(prompt) for prompt in prompts]
     assert cached == [4, 2]
-    before = (list(bm.pool.evictable.items()), manager_state(bm))
+    before = (bm.pool.lru_entries(), manager_state(bm))
 
     def add_then_fail():
         bm.add(3, [9, 9, 9, 9, 9, 9, 9])          # 4 blocks: the free one, then all three evicted
@@ -127,6 +130,107 @@ def test_a_rollback_of_an_add_that_evicted_every_cached_block_restores_them_all(
 
     with pytest.raises(Undone):
         bm.transaction(add_then_fail)
-    assert (list(bm.pool.evictable.items()), manager_state(bm)) == before
+    assert (bm.pool.lru_entries(), manager_state(bm)) == before
     assert [bm.cached_prefix_tokens(prompt) for prompt in prompts] == cached
     bm.check()
+
+
+# ------------------------------------------------------------------ the evictable LRU (prefix caching)
+
+def lru_cycles(bm, releases: int) -> None:
+    """Add and free prompts that share a first block (a hit: its LRU entry goes stale) until the
+    pool has released at least `releases` blocks."""
+    prompt = 0
+    while bm.pool.releases < releases:
+        prompt += 1
+        bm.add(1, [1, 1, prompt % 5, prompt % 3, prompt, 0])
+        bm.free(1)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.integers(4, 12), st.lists(st.tuples(st.sampled_from(["add", "free", "undone add", "undone free"]),
+                                             st.integers(0, 5),
+                                             st.integers(1, 4)), min_size=1, max_size=150))
+def test_the_evictable_lru_is_the_specs_over_long_programs(num_blocks, program):
+    """Prompts from a small alphabet (hits revive released blocks), enough releases to rebuild the
+    log several times (MIN_LOG entries), and rolled-back adds and frees."""
+    bm, kv = BlockManager(num_blocks, 2, prefix_caching=True), KVSpec(num_blocks, 2, prefix_caching=True)
+    live, next_id = [], iter(range(10 ** 6))
+    for op, a, b in program:
+        if op == "free" and live:
+            seq_id = live.pop(a % len(live))
+            bm.free(seq_id)
+            kv.free(seq_id)
+        elif op == "undone free" and live:
+            before = manager_state(bm), bm.pool.releases
+            with pytest.raises(ZeroDivisionError):
+                bm.transaction(lambda: (bm.free(live[a % len(live)]), 1 / 0))
+            assert (manager_state(bm), bm.pool.releases) == before
+        elif op in ("add", "undone add"):
+            seq_id, tokens = next(next_id), [a % 2, 1, a % 3, b][:b] * (1 + a % 2)
+            try:
+                if op == "add":
+                    assert bm.add(seq_id, tokens) == kv.add(seq_id, tokens)
+                    live.append(seq_id)
+                else:
+                    before = manager_state(bm), bm.pool.releases
+                    with pytest.raises(ZeroDivisionError):
+                        bm.transaction(lambda: (bm.add(seq_id, tokens), 1 / 0))
+                    assert (manager_state(bm), bm.pool.releases) == before
+            except OutOfBlocks:
+                with pytest.raises(OutOfBlocks):
+                    kv.add(seq_id, tokens)
+        assert bm.pool.evictable == list(kv.evictable)
+        assert (bm.pool.free_queue, bm.num_free_blocks()) == (list(kv.free_queue), kv.num_free_blocks())
+        bm.check()
+
+
+def test_a_long_run_rebuilds_the_log_and_keeps_it_small():
+    bm = BlockManager(8, 2, prefix_caching=True)
+    lru_cycles(bm, 20 * MIN_LOG)
+    # 20 logs' worth released: rebuilt each time it filled, at twice its current entries and a release
+    assert len(bm.pool.lru_block) <= max(MIN_LOG, 2 * (bm.num_blocks + 3))
+    bm.check()
+
+
+def log_about_to_rebuild():
+    """A freed prompt's three blocks do not fit the log's end: releasing them rebuilds it."""
+    bm = BlockManager(8, 2, prefix_caching=True)
+    lru_cycles(bm, MIN_LOG - 4)
+    while bm.pool.lru_tail + 3 <= len(bm.pool.lru_block):
+        lru_cycles(bm, bm.pool.releases + 1)
+    bm.add(2, [4, 4, 5, 5, 6, 6])
+    return bm
+
+
+def stale_at_the_head():
+    """Hits made the LRU's first twelve entries stale: an eviction passes them (more than one read
+    window) for the current ones after them."""
+    bm = BlockManager(30, 2, prefix_caching=True)
+    bm.add(1, LONG)
+    bm.free(1)                        # LONG's twelve blocks evictable
+    bm.add(2, [100, 100, 101, 101])
+    bm.free(2)                        # then two more
+    bm.add(3, LONG + [9])             # the twelve revived: their entries stale; one block from the queue
+    return bm
+
+
+LONG = list(range(24))
+
+
+@pytest.mark.parametrize("setup, operation", [
+    (log_about_to_rebuild, lambda bm: bm.free(2)),
+    (stale_at_the_head, lambda bm: bm.add(4, list(range(200, 234)))),   # 15 from the queue, then evicts the two
+])
+def test_a_fault_at_any_line_of_an_lru_change_changes_nothing(setup, operation):
+    assert len(setup().pool.lru_block) == MIN_LOG
+    total = line_events(setup, operation)
+    for at in fault_points(total):
+        assert_fault_changes_nothing(setup, operation, at)
+    bm = setup()
+    operation(bm)
+    if setup is log_about_to_rebuild:
+        assert bm.pool.lru_head == 0 and bm.pool.lru_tail == bm.num_evictable_blocks()   # rebuilt
+    else:
+        assert bm.num_evictable_blocks() == 0 and bm.cached_prefix_tokens(LONG + [0]) == 24
+        assert bm.cached_prefix_tokens([100, 100, 101, 101, 0]) == 0
