@@ -225,7 +225,12 @@ class BlockPool:
     def problems(self) -> list:
         """Broken parts of the `conservation` invariant for the GPU pool."""
         free = np.array(self.free_queue, dtype=np.int64)
-        evictable, stamps, _ = self._lru_current(self.lru_head, self.lru_tail)
+        # The log's current entries; one naming a block outside the pool is reported as such (it
+        # has no stamp to go stale by).
+        logged, logged_stamps = self.lru_block[self.lru_head:self.lru_tail], self.lru_stamp[self.lru_head:self.lru_tail]
+        current = (logged < 0) | (logged >= self.num_blocks)
+        current[~current] = self.stamp[logged[~current]] == logged_stamps[~current]
+        evictable, stamps = logged[current], logged_stamps[current]
         ids = np.concatenate([free, evictable])
         inside = (ids >= 0) & (ids < self.num_blocks)
         problems = [f"gpu block id {b} outside the pool is free or evictable" for b in np.unique(ids[~inside]).tolist()]

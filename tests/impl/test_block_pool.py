@@ -14,7 +14,7 @@ from hypothesis import example, given, settings, strategies as st
 from pagedkv.impl import BlockManager
 from pagedkv.impl.alloc.block_pool import MIN_LOG, BlockPool
 from pagedkv.impl.alloc.journal import Journal
-from pagedkv.spec import KVSpec, OutOfBlocks
+from pagedkv.spec import InvariantViolation, KVSpec, OutOfBlocks
 
 from test_fault_injection import assert_fault_changes_nothing, fault_points, line_events, manager_state
 
@@ -234,3 +234,17 @@ def test_a_fault_at_any_line_of_an_lru_change_changes_nothing(setup, operation):
     else:
         assert bm.num_evictable_blocks() == 0 and bm.cached_prefix_tokens(LONG + [0]) == 24
         assert bm.cached_prefix_tokens([100, 100, 101, 101, 0]) == 0
+
+
+@pytest.mark.parametrize("block", [-1, 8, 99])
+def test_a_log_entry_outside_the_pool_is_reported_not_raised(block):
+    """The check names an LRU entry with a block id outside the pool (a negative one must not be
+    read as an index from the end)."""
+    bm = BlockManager(8, 2, prefix_caching=True)
+    bm.add(1, [1, 1, 2, 2])
+    bm.free(1)
+    pool = bm.pool
+    pool.lru_block[pool.lru_tail], pool.lru_stamp[pool.lru_tail] = block, pool.releases + 1
+    pool.lru_tail += 1
+    with pytest.raises(InvariantViolation, match=f"gpu block id {block} outside the pool is free or evictable"):
+        bm.check()
