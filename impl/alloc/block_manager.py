@@ -704,7 +704,10 @@ class BlockManager:
         """Index the tail block each of these rows just filled (`tails`), after the block before
         it, in batch order (gathered in a few numpy operations, indexed in one batched cache call)."""
         held = self.rows.num_held[rows]
-        parents = np.where(held > 1, self.rows.blocks_at(rows, np.maximum(held - 2, 0)), -1)
+        if held[held.argmin()] > 1:   # the usual case: no row filled its first block (no np.where)
+            parents = self.rows.blocks_at(rows, held - 2)
+        else:
+            parents = np.where(held > 1, self.rows.blocks_at(rows, np.maximum(held - 2, 0)), -1)
         self.cache.fill(tails, parents)
 
     def _copy_on_write(self, rows, src, dst) -> list:

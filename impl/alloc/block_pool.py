@@ -114,6 +114,8 @@ class BlockPool:
         start, blocks, stamps = self.lru_head, [], []
         missing, width = n, max(2 * n, 8)
         while missing:
+            if start >= self.lru_tail:   # a broken count: fail (and be undone), never spin
+                raise RuntimeError(f"the LRU holds fewer than the {self.num_evictable} evictable blocks it counts")
             stop = min(start + width, self.lru_tail)
             width *= 2
             found, found_stamps, positions = self._lru_current(start, stop)
@@ -245,4 +247,6 @@ class BlockPool:
             problems += [f"free block {b} is in the prefix index" for b in free[self.cache.indexed(free)].tolist()]
         if np.count_nonzero(stamps[1:] <= stamps[:-1]):
             problems.append("the evictable LRU is out of release order")
+        if self.num_evictable != len(evictable):   # what allocations count on
+            problems.append(f"the pool counts {self.num_evictable} evictable blocks, its LRU holds {len(evictable)}")
         return problems

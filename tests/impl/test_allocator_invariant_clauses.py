@@ -33,6 +33,7 @@ CLAUSES = {
     "evictable unindexed": ("conservation", r"evictable block \d+ is not in the prefix index"),
     "free indexed": ("conservation", r"free block \d+ is in the prefix index"),
     "lru order": ("conservation", r"the evictable LRU is out of release order"),
+    "evictable count": ("conservation", r"the pool counts \d+ evictable blocks, its LRU holds \d+"),
     "cpu homes": ("conservation", r"cpu block \d+ is in \d+ of free/held"),
     "cpu id outside": ("conservation", r"cpu block id -?\d+ outside the pool is free or held"),
     # refcount: invariants._refcount_problems
@@ -72,7 +73,8 @@ CLAUSES = {
 }
 #: Every function that states clauses, with the clauses it states (counted in its source).
 STATED_BY = {
-    BlockPool.problems: ("gpu id outside", "gpu homes", "evictable unindexed", "free indexed", "lru order"),
+    BlockPool.problems: ("gpu id outside", "gpu homes", "evictable unindexed", "free indexed", "lru order",
+                         "evictable count"),
     CpuPool.problems: ("cpu homes", "cpu id outside"),
     invariants._refcount_problems: ("held twice", "table id outside", "ref count"),
     invariants._shape_problems: ("row mapping", "status code", "blocks held", "unmapped row"),
@@ -241,6 +243,12 @@ def reorder_the_lru(bm):
     unfile_evictable(bm, block)
     pool.lru_stamp[pool.lru_head + np.flatnonzero(pool.lru_block[pool.lru_head:pool.lru_tail] == block)] = 0   # stale for good
     file_evictable(bm, block, stamp)
+
+
+def miscount_the_evictable(bm):
+    """The pool counts one evictable block more than its LRU holds (an allocation would then look
+    for a victim that is not there)."""
+    bm.pool.num_evictable += 1
 
 
 def free_a_held_cpu_block(bm):
@@ -488,6 +496,7 @@ CORRUPTIONS = [
     Corruption("evictable unindexed", unindex_an_evictable_block),
     Corruption("free indexed", index_a_free_block),
     Corruption("lru order", reorder_the_lru),
+    Corruption("evictable count", miscount_the_evictable),
     Corruption("cpu homes", free_a_held_cpu_block),
     Corruption("cpu id outside", free_a_cpu_id_outside_the_pool),
     Corruption("held twice", repeat_a_block_in_a_table),

@@ -248,3 +248,16 @@ def test_a_log_entry_outside_the_pool_is_reported_not_raised(block):
     pool.lru_tail += 1
     with pytest.raises(InvariantViolation, match=f"gpu block id {block} outside the pool is free or evictable"):
         bm.check()
+
+
+def test_an_eviction_past_the_lru_log_fails_and_changes_nothing():
+    """A pool that counts more evictable blocks than its log holds (a corruption) makes the
+    eviction that runs out of entries raise, undone, instead of searching the log forever."""
+    bm = BlockManager(4, 2, prefix_caching=True)
+    bm.add(1, [1, 2, 3, 4])
+    bm.free(1)                                  # two evictable blocks, two free
+    bm.pool.num_evictable += 1                  # counted: three
+    before = (bm.pool.lru_entries(), manager_state(bm))
+    with pytest.raises(RuntimeError, match="fewer than the 3 evictable blocks it counts"):
+        bm.add(2, [5, 6, 7, 8, 9, 9, 9, 9, 9, 9])   # 5 blocks: the 2 free, then 3 evicted
+    assert (bm.pool.lru_entries(), manager_state(bm)) == before
