@@ -35,14 +35,14 @@ def keys(request, monkeypatch):
 class Subject:
     """A PrefixCache over its own pool, with the model beside it."""
 
-    def __init__(self):
-        self.tokens = np.zeros((NUM_BLOCKS, B), dtype=np.int64)
+    def __init__(self, num_blocks: int = NUM_BLOCKS):
+        self.tokens = np.zeros((num_blocks, B), dtype=np.int64)
         self.journal = Journal()
         self.cache = PrefixCache(self.journal, self.tokens)
         self.model = {}   # indexed block -> prefix (a tuple of token pairs)
 
     def unindexed(self) -> list:
-        return [b for b in range(NUM_BLOCKS) if b not in self.model]
+        return [b for b in range(len(self.tokens)) if b not in self.model]
 
     def fill(self, blocks: list, parents: list, contents: list) -> None:
         for block, content in zip(blocks, contents):   # written through the journal, as the manager does

@@ -13,57 +13,35 @@ are taken where the shapes are the usual ones.
 """
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import pagedkv.impl.alloc.prefix_cache as prefix_cache
 from pagedkv.impl.alloc.content_keys import ContentKeys
-from pagedkv.impl.alloc.journal import Journal
 from pagedkv.impl.alloc.prefix_cache import PrefixCache
+from test_prefix_index import Subject, keys  # noqa: F401  (a fixture, used by name)
 
 B, NUM_BLOCKS = 2, 40
 
 
-@pytest.fixture(params=["real keys", "3 keys"])
-def keys(request, monkeypatch):
-    if request.param == "3 keys":
-        monkeypatch.setattr(prefix_cache, "dict_keys", lambda keys: (keys % np.uint64(3)).tolist())
-        monkeypatch.setattr(prefix_cache, "dict_key", lambda key: key % 3)
-    return request.param
-
-
-class Pool:
+class Pool(Subject):
     """A PrefixCache over its own blocks, the model beside it, and each filled block's parent
     block (how a table runs), from which evictions are drawn."""
 
     def __init__(self, alphabet: int = 2, num_blocks: int = NUM_BLOCKS):
-        self.tokens = np.zeros((num_blocks, B), dtype=np.int64)
-        self.journal = Journal()
-        self.cache = PrefixCache(self.journal, self.tokens)
-        self.model = {}    # indexed block -> prefix (a tuple of token pairs)
+        super().__init__(num_blocks)
         self.parent = {}   # filled block -> the block it was filled after (-1: none)
         self.alphabet = alphabet
-
-    def free(self) -> list:
-        return [b for b in range(len(self.tokens)) if b not in self.model]
 
     def content(self, rng) -> tuple:
         return tuple(rng.randrange(self.alphabet) for _ in range(B))
 
     def fill(self, blocks: list, parents: list, contents: list) -> None:
-        for block, content in zip(blocks, contents):   # written through the journal, as the manager does
-            self.journal.assign(self.tokens, block, content)
-        self.cache.fill(blocks, parents)
-        for block, parent, content in zip(blocks, parents, contents):
+        fresh = {}   # the blocks the model indexes now: each at its first mention, as Subject.fill
+        for block, parent in zip(blocks, parents):
             if block not in self.model:
-                self.model[block] = (self.model[parent] if parent >= 0 else ()) + (content,)
-                self.parent[block] = parent
-
-    def forget(self, blocks: list) -> None:
-        self.cache.forget(blocks)
-        for block in blocks:
-            self.model.pop(block, None)
+                fresh.setdefault(block, parent)
+        super().fill(blocks, parents, contents)
+        self.parent.update(fresh)
 
     def run_up(self, leaf: int) -> list:
         """`leaf` and the blocks its table was filled after, while each still holds the prefix."""
@@ -73,25 +51,12 @@ class Pool:
             run.append(up)
         return run
 
-    def expected_hits(self, prompt: tuple) -> list:
-        hits = []
-        for depth in range(1, len(prompt) + 1):
-            holders = [b for b, prefix in self.model.items() if prefix == prompt[:depth]]
-            if not holders:
-                break
-            hits.append(min(holders))
-        return hits
-
-    def agrees(self) -> None:
-        assert self.cache.problems(self.tokens) == []
-        assert self.cache.contents() == self.model
-
     def state(self) -> tuple:
         return self.cache.contents(), self.cache.holder_lists()
 
 
 def prompt(pool: Pool, rng) -> None:
-    free, indexed = pool.free(), sorted(pool.model)
+    free, indexed = pool.unindexed(), sorted(pool.model)
     if free:
         blocks = rng.sample(free, rng.randint(1, min(12, len(free))))
         after = rng.choice(indexed) if indexed and rng.random() < 0.4 else -1
@@ -99,7 +64,7 @@ def prompt(pool: Pool, rng) -> None:
 
 
 def decode(pool: Pool, rng) -> None:
-    free, indexed = pool.free(), sorted(pool.model)
+    free, indexed = pool.unindexed(), sorted(pool.model)
     if free and indexed:
         blocks = rng.sample(free, rng.randint(1, min(8, len(free))))
         tails = rng.sample(indexed, min(len(indexed), len(blocks)))
@@ -126,8 +91,8 @@ def evict(pool: Pool, rng) -> None:
     irregular = rng.random()
     if irregular < 0.05:
         blocks.append(rng.choice(blocks))                # a block named twice
-    elif irregular < 0.1 and pool.free():
-        blocks.insert(rng.randrange(len(blocks) + 1), pool.free()[0])   # one not indexed
+    elif irregular < 0.1 and pool.unindexed():
+        blocks.insert(rng.randrange(len(blocks) + 1), pool.unindexed()[0])   # one not indexed
     elif irregular < 0.15:
         blocks.reverse()                                 # root first
     pool.forget(blocks)
