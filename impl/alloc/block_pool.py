@@ -51,11 +51,6 @@ class BlockPool:
         """The evictable blocks, least recently released first (a copy)."""
         return self._lru_current(self.lru_head, self.lru_tail)[0].tolist()
 
-    def lru_entries(self) -> list:
-        """The evictable LRU as (block, release stamp) pairs, least recently released first."""
-        blocks, stamps, _ = self._lru_current(self.lru_head, self.lru_tail)
-        return list(zip(blocks.tolist(), stamps.tolist()))
-
     def _lru_current(self, start: int, stop: int):
         """The current entries among log positions start..stop-1: their blocks and stamps, and
         their positions."""
@@ -159,8 +154,9 @@ class BlockPool:
         np.subtract.at(self.ref_count, blocks, 1)
 
     def release(self, table) -> None:
-        """Drop one reference to each block of a table (an int array), tail first, so a prefix's head is evicted
-        last. A block nobody holds becomes evictable if indexed, else free (its content then garbage: a free block holds no KV)."""
+        """Drop one reference to each block of a table (an int array), tail first, so a prefix's
+        head is evicted last. A block nobody holds becomes evictable if indexed, else free (its
+        content then garbage: a free block holds no KV)."""
         journal = self.journal
         tail_first = table[::-1].astype(np.int64)   # a copy: the table's own storage changes next
         old = self.ref_count[tail_first]
@@ -182,12 +178,14 @@ class BlockPool:
             if len(indexed):
                 self._file_evictable(indexed)
         end = (self.head + self.queued) % self.num_blocks
-        journal.undo.append((self._unrelease_refs, (tail_first, old, end, self._ring_read(end, len(free)), self.queued)))
+        overwritten = self._ring_read(end, len(free))
+        journal.undo.append((self._unrelease_refs, (tail_first, old, end, overwritten, self.queued)))
         self.ref_count[tail_first] = left
         self._ring_write(end, free)
         self.queued += len(free)
 
-    def _unrelease_refs(self, table: np.ndarray, old: np.ndarray, end: int, overwritten: np.ndarray, queued: int) -> None:
+    def _unrelease_refs(self, table: np.ndarray, old: np.ndarray, end: int, overwritten: np.ndarray,
+                        queued: int) -> None:
         self.ref_count[table] = old
         self._ring_write(end, overwritten)   # a transaction's older step may need these slots again
         self.queued = queued
@@ -249,4 +247,7 @@ class BlockPool:
             problems.append("the evictable LRU is out of release order")
         if self.num_evictable != len(evictable):   # what allocations count on
             problems.append(f"the pool counts {self.num_evictable} evictable blocks, its LRU holds {len(evictable)}")
+        top = int(self.stamp.max())
+        if top > self.releases:   # the next release would stamp an old entry current again
+            problems.append(f"a release stamp ({top}) is past the release count ({self.releases})")
         return problems

@@ -43,8 +43,8 @@ class ContentKeys:
         return h
 
     def block_hash(self, row: np.ndarray) -> int:
-        """`block_hashes` of one row of int64 tokens, as a Python int (a lookup's first block: the
-        fold in Python costs less than two array passes)."""
+        """`block_hashes` of one row of int64 tokens, as a Python int (a lookup's candidate for the
+        next run, the invariant check: the fold in Python costs less than two array passes)."""
         h = int(row.view(np.uint64) @ self.multipliers)
         return h ^ (h >> 32)
 

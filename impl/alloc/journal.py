@@ -1,11 +1,12 @@
 """The undo log that makes every BlockManager operation a transaction.
 
 An operation first checks everything the spec lets it refuse (typed errors, nothing changed). What
-can still fail after that is not the caller's fault: a MemoryError while a table grows, a bug. So every mutation of allocator state goes through a `Journal`, which records
-the inverse step *before* mutating; `atomic` replays the inverses, newest first, when the operation
-raises anything, and the state is exactly what it was before the call. Recording first means that
-an exception between the record and the mutation undoes a step that did not happen, which restores
-the value it already has: harmless.
+can still fail after that is not the caller's fault: a MemoryError while a table grows, a bug. So
+every mutation of allocator state goes through a `Journal`, which records the inverse step *before*
+mutating; `atomic` replays the inverses, newest first, when the operation raises anything, and the
+state is exactly what it was before the call. Recording first means that an exception between the
+record and the mutation undoes a step that did not happen, which restores the value it already has:
+harmless.
 
 Records are coarse where that is cheaper: one per batch of a kind (a ring take or release, the
 blocks a prompt writes, a table push), one per row an operation changes (`RowTables.save_row`,

@@ -19,7 +19,7 @@ holders, so an equal block still serves. A node lives while it has holders or ch
 The hot paths are batched. A chain linked in one pass has consecutive node ids where its ids
 are fresh, so a lookup follows runs of ids from the node its first block's key names, confirmed
 in a few array passes (a node is the only one with its parent and tokens), keying one block per
-run; past a few runs it keys the rest of the prompt with one cumsum and confirms every
+run; past a few runs it keys the rest of the prompt with one prefix sum and confirms every
 candidate at once. A decode step's filled blocks (each after a block indexed before) and a
 prompt's blocks (a chain) are keyed, checked against the key dict and linked in one pass, under
 one undo record (node ids, fields, child counts, key dict); their preconditions are checked with
@@ -274,7 +274,8 @@ class PrefixCache:
         the nodes `parent_nodes[i]` (-1: none; none of them new) or, without them, a chain: the
         first after node `after`, each later one after the one before; filed under `keys`
         (`names` in the dict). `untaken`: the caller knows no name is filed; if two of them are
-        one, nothing is linked and the answer is False (the caller goes one block at a time). Node ids are recycled ones first (off the end of the free list), then fresh ones, the
+        one, nothing is linked and the answer is False (the caller goes one block at a time).
+        Node ids are recycled ones first (off the end of the free list), then fresh ones, the
         arrays doubled when those run out."""
         journal, free, n = self.journal, self.free_nodes, len(blocks)
         chained = parent_nodes is None

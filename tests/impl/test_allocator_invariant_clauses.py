@@ -34,6 +34,7 @@ CLAUSES = {
     "free indexed": ("conservation", r"free block \d+ is in the prefix index"),
     "lru order": ("conservation", r"the evictable LRU is out of release order"),
     "evictable count": ("conservation", r"the pool counts \d+ evictable blocks, its LRU holds \d+"),
+    "release count": ("conservation", r"a release stamp \(\d+\) is past the release count \(-?\d+\)"),
     "cpu homes": ("conservation", r"cpu block \d+ is in \d+ of free/held"),
     "cpu id outside": ("conservation", r"cpu block id -?\d+ outside the pool is free or held"),
     # refcount: invariants._refcount_problems
@@ -74,7 +75,7 @@ CLAUSES = {
 #: Every function that states clauses, with the clauses it states (counted in its source).
 STATED_BY = {
     BlockPool.problems: ("gpu id outside", "gpu homes", "evictable unindexed", "free indexed", "lru order",
-                         "evictable count"),
+                         "evictable count", "release count"),
     CpuPool.problems: ("cpu homes", "cpu id outside"),
     invariants._refcount_problems: ("held twice", "table id outside", "ref count"),
     invariants._shape_problems: ("row mapping", "status code", "blocks held", "unmapped row"),
@@ -249,6 +250,12 @@ def miscount_the_evictable(bm):
     """The pool counts one evictable block more than its LRU holds (an allocation would then look
     for a victim that is not there)."""
     bm.pool.num_evictable += 1
+
+
+def set_the_release_count_back(bm):
+    """The release count falls below an evictable block's stamp (the next release would give an
+    old, stale log entry that stamp again and make it current)."""
+    bm.pool.releases = int(bm.pool.stamp[evictable(bm)]) - 1
 
 
 def free_a_held_cpu_block(bm):
@@ -497,6 +504,7 @@ CORRUPTIONS = [
     Corruption("free indexed", index_a_free_block),
     Corruption("lru order", reorder_the_lru),
     Corruption("evictable count", miscount_the_evictable),
+    Corruption("release count", set_the_release_count_back),
     Corruption("cpu homes", free_a_held_cpu_block),
     Corruption("cpu id outside", free_a_cpu_id_outside_the_pool),
     Corruption("held twice", repeat_a_block_in_a_table),

@@ -19,6 +19,12 @@ from pagedkv.spec import InvariantViolation, KVSpec, OutOfBlocks
 from test_fault_injection import assert_fault_changes_nothing, fault_points, line_events, manager_state
 
 
+def lru_entries(pool: BlockPool) -> list:
+    """The evictable LRU as (block, release stamp) pairs, least recently released first."""
+    blocks = pool.evictable
+    return list(zip(blocks, pool.stamp[blocks].tolist()))
+
+
 def pool_state(pool: BlockPool) -> tuple:
     return pool.free_queue, pool.ref_count.tolist(), pool.num_free()
 
@@ -121,7 +127,7 @@ def test_a_rollback_of_an_add_that_evicted_every_cached_block_restores_them_all(
     prompts = ([1, 2, 3, 4, 0], [5, 6, 0])
     cached = [bm.cached_prefix_tokens(prompt) for prompt in prompts]
     assert cached == [4, 2]
-    before = (bm.pool.lru_entries(), manager_state(bm))
+    before = (lru_entries(bm.pool), manager_state(bm))
 
     def add_then_fail():
         bm.add(3, [9, 9, 9, 9, 9, 9, 9])          # 4 blocks: the free one, then all three evicted
@@ -130,7 +136,7 @@ def test_a_rollback_of_an_add_that_evicted_every_cached_block_restores_them_all(
 
     with pytest.raises(Undone):
         bm.transaction(add_then_fail)
-    assert (bm.pool.lru_entries(), manager_state(bm)) == before
+    assert (lru_entries(bm.pool), manager_state(bm)) == before
     assert [bm.cached_prefix_tokens(prompt) for prompt in prompts] == cached
     bm.check()
 
@@ -257,7 +263,7 @@ def test_an_eviction_past_the_lru_log_fails_and_changes_nothing():
     bm.add(1, [1, 2, 3, 4])
     bm.free(1)                                  # two evictable blocks, two free
     bm.pool.num_evictable += 1                  # counted: three
-    before = (bm.pool.lru_entries(), manager_state(bm))
+    before = (lru_entries(bm.pool), manager_state(bm))
     with pytest.raises(RuntimeError, match="fewer than the 3 evictable blocks it counts"):
         bm.add(2, [5, 6, 7, 8, 9, 9, 9, 9, 9, 9])   # 5 blocks: the 2 free, then 3 evicted
-    assert (bm.pool.lru_entries(), manager_state(bm)) == before
+    assert (lru_entries(bm.pool), manager_state(bm)) == before

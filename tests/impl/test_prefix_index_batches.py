@@ -188,7 +188,7 @@ def test_a_run_that_leaves_its_parent_bare_removes_it(keys):
     pool = Pool()
     pool.fill([0, 1, 2, 3], [-1, 0, 1, 2], [(1, 0), (0, 1), (1, 1), (0, 0)])
     pool.fill([4], [0], [(1, 1)])                          # (1, 0) has a second child
-    pool.forget([1, 2])                                    # (1, 0), (0, 1) and the next are nobody's now
+    pool.forget([1, 2])                                    # (0, 1) and (1, 1) are nobody's now
     pool.agrees()
     pool.forget([3])                                       # the leaf: its two bare ancestors go
     pool.agrees()
