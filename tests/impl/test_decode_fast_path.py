@@ -7,15 +7,12 @@ everything a caller can see, and both pass their invariant check.
 `decode` (the step in one call) answers as `append_batch`, `block_tables` and `slot_mapping` called
 in turn on a twin manager, refusals, rollbacks and faults included."""
 
-import pytest
 from hypothesis import given, settings, strategies as st
 
 from pagedkv.impl import BlockManager
 from pagedkv.spec import InvalidArgument, InvalidState, OutOfBlocks, UnknownSequence
 
-from test_fault_injection import (FaultInjector, Planted, arena_at_its_end, assert_fault_changes_nothing, cached_pool,
-                                  decoding_full_tables, decoding_pool, evicting_pool, fault_points, line_events,
-                                  manager_state)
+from test_fault_injection import FaultInjector, Planted, manager_state
 
 B = 2
 
@@ -256,28 +253,3 @@ def test_decode_answers_as_the_three_calls(events, caching, num_blocks, B, batch
         assert twin_state(one) == twin_state(three)
         one.check()
         three.check()
-
-
-def decode_answer(bm: BlockManager, batch, tokens) -> tuple:
-    """`decode`'s answer as plain values (a tensor's own methods run no traced code)."""
-    out = bm.decode(batch, tokens)
-    return out.copies, out.block_tables.tolist(), out.slot_mapping.tolist()
-
-
-DECODE_OPERATIONS = {
-    "decode copy-on-write": (cached_pool, lambda bm: decode_answer(bm, [3, 1], [7, 6])),
-    "decode again (the short path)": (decoding_pool, lambda bm: decode_answer(bm, [1, 2], [9, 9])),
-    "decode again, tables move": (decoding_full_tables, lambda bm: decode_answer(bm, [1, 2], [9, 9])),
-    "decode evicting in order": (evicting_pool, lambda bm: decode_answer(bm, [6, 1, 3], [2, 6, 6])),
-    "decode compacting the arena": (arena_at_its_end, lambda bm: decode_answer(bm, (1, 2), [7, 7])),
-}
-
-
-@pytest.mark.parametrize("name", DECODE_OPERATIONS)
-def test_a_fault_at_any_line_of_decode_changes_nothing(name):
-    """As test_fault_injection's operations (PAGEDKV_FAULTS=all: every line)."""
-    setup, operation = DECODE_OPERATIONS[name]
-    total = line_events(setup, operation)
-    assert total >= 10, f"{name} reached only {total} lines"
-    for at in fault_points(total):
-        assert_fault_changes_nothing(setup, operation, at)

@@ -202,6 +202,12 @@ def step_summary(out) -> tuple:
             out.block_tables.tolist(), out.slot_mapping.tolist())
 
 
+def decode_answer(bm, batch, tokens) -> tuple:
+    """`decode`'s answer as plain values (a tensor's own methods run no traced code)."""
+    out = bm.decode(batch, tokens)
+    return out.copies, out.block_tables.tolist(), out.slot_mapping.tolist()
+
+
 OPERATIONS = {
     "add hits, evicts, grows rows": (cached_pool, lambda bm: bm.add(6, [9, 9, 8, 8, 1, 1, 2, 2, 3])),
     "add a long prompt (table grows)": (cached_pool, lambda bm: bm.add(6, list(range(11)))),
@@ -211,6 +217,11 @@ OPERATIONS = {
     "append_batch again (the decode short path)": (decoding_pool, lambda bm: bm.append_batch(DECODE_BATCH, [9, 9])),
     "append_batch again, tables move": (decoding_full_tables, lambda bm: bm.append_batch(DECODE_BATCH, [9, 9])),
     "append_batch evicting in order": (evicting_pool, lambda bm: bm.append_batch([6, 1, 3], [2, 6, 6])),
+    "decode copy-on-write": (cached_pool, lambda bm: decode_answer(bm, [3, 1], [7, 6])),
+    "decode again (the short path)": (decoding_pool, lambda bm: decode_answer(bm, DECODE_BATCH, [9, 9])),
+    "decode again, tables move": (decoding_full_tables, lambda bm: decode_answer(bm, DECODE_BATCH, [9, 9])),
+    "decode evicting in order": (evicting_pool, lambda bm: decode_answer(bm, [6, 1, 3], [2, 6, 6])),
+    "decode compacting the arena": (arena_at_its_end, lambda bm: decode_answer(bm, (1, 2), [7, 7])),
     "fork": (cached_pool, lambda bm: bm.fork(1, 6)),
     "free shared": (cached_pool, lambda bm: bm.free(1)),
     "free swapped": (cached_pool, lambda bm: bm.free(5)),
