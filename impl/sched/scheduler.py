@@ -46,15 +46,17 @@ class SchedulerConfig:
     kv_bytes_per_token: int = 131_072      # K and V of one token over all layers: Llama-3-8B in bf16
 
     def __post_init__(self):
-        require(is_int(self.max_num_seqs) and self.max_num_seqs >= 1,
-                f"max_num_seqs must be an int >= 1, got {self.max_num_seqs!r}")
+        # Frozen: the plain ints are set through object.__setattr__ (an int subclass's operators
+        # would otherwise answer every later comparison and sum).
+        object.__setattr__(self, "max_num_seqs", _plain_int(self.max_num_seqs, 1, math.inf,
+                                                            "max_num_seqs must be an int >= 1"))
         require(_is_real(self.watermark) and 0 <= self.watermark < 1,
                 f"watermark must be a fraction in [0, 1), got {self.watermark!r}")
         for name in ("prefill_tokens_per_s", "swap_bytes_per_s"):
             value = getattr(self, name)
             require(_is_real(value) and 0 < value < math.inf, f"{name} must be a positive number, got {value!r}")
-        require(is_int(self.kv_bytes_per_token) and self.kv_bytes_per_token >= 1,
-                f"kv_bytes_per_token must be an int >= 1, got {self.kv_bytes_per_token!r}")
+        object.__setattr__(self, "kv_bytes_per_token", _plain_int(self.kv_bytes_per_token, 1, math.inf,
+                                                                  "kv_bytes_per_token must be an int >= 1"))
 
 
 def _is_real(value) -> bool:
@@ -62,13 +64,24 @@ def _is_real(value) -> bool:
     return isinstance(value, Real) and not isinstance(value, bool)
 
 
+def _plain_int(value, low, high, message: str) -> int:
+    """`value` as a plain int in low..high: an int, an int subclass by its value (read by
+    `int.__index__`: its own operators may disagree with it); anything else raises
+    InvalidArgument(message + what it got). The range is checked on the plain int."""
+    if is_int(value):
+        plain = int.__index__(value)
+        if low <= plain <= high:
+            return plain
+    raise InvalidArgument(f"{message}, got {value!r}")
+
+
 def plain_token(token, what: str = "token") -> int:
-    """A token id as a plain int: ints (an int subclass by its value, not its `__eq__`) and numpy
-    integer scalars in 0..2**63-1; anything else is refused."""
-    if isinstance(token, np.integer):
-        token = int(token)
-    require(is_int(token) and 0 <= token <= MAX_TOKEN, f"a {what} is an int in 0..2**63-1, got {token!r}")
-    return int.__index__(token)
+    """A token id as a plain int in 0..2**63-1 (`_plain_int`); a numpy integer scalar (what a
+    sampler's argmax gives) passes too."""
+    if type(token) is int and 0 <= token <= MAX_TOKEN:   # the common case, no message formatted
+        return token
+    return _plain_int(int(token) if isinstance(token, np.integer) else token, 0, MAX_TOKEN,
+                      f"a {what} is an int in 0..2**63-1")
 
 
 @dataclass
@@ -126,9 +139,8 @@ class Scheduler:
                     eos: Optional[int] = None) -> list:
         """Queue a request for `n` samples of `prompt`; returns their sequence ids."""
         # n samples are admitted together, one sequence slot each: more than max_num_seqs would wait forever.
-        require(is_int(n) and 1 <= n <= self.config.max_num_seqs,
-                f"n must be an int in [1, max_num_seqs={self.config.max_num_seqs}], got {n!r}")
-        require(is_int(max_new_tokens) and max_new_tokens >= 1, f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        n = _plain_int(n, 1, self.config.max_num_seqs, f"n must be an int in [1, max_num_seqs={self.config.max_num_seqs}]")
+        max_new_tokens = _plain_int(max_new_tokens, 1, math.inf, "max_new_tokens must be an int >= 1")
         require(isinstance(prompt, (list, tuple)) and len(prompt) > 0,
                 f"a prompt is a non-empty list of tokens, got {type(prompt).__name__}")
         prompt = [plain_token(token) for token in prompt]
@@ -138,9 +150,9 @@ class Scheduler:
             raise InvalidArgument(
                 f"request {req_id!r}'s prompt needs {blocks_needed(len(prompt), self.bm.block_size)} blocks; "
                 f"the pool has {self.bm.num_blocks - self.watermark_blocks} above the watermark")
-        seq_ids = list(range(self.next_seq_id, self.next_seq_id + int(n)))
+        seq_ids = list(range(self.next_seq_id, self.next_seq_id + n))
         self.next_seq_id += n
-        request = _Request(req_id, prompt, int(max_new_tokens), seq_ids, eos)
+        request = _Request(req_id, prompt, max_new_tokens, seq_ids, eos)
         self.waiting.append(request)
         for seq_id in seq_ids:
             self.request_of[seq_id], self.generated[seq_id] = request, 0
@@ -148,8 +160,8 @@ class Scheduler:
 
     def can_ever_fit(self, prompt_len: int, max_new_tokens: int) -> bool:
         """Whether one sample with this prompt and output fits the pool above the watermark alone."""
-        require(is_int(prompt_len) and prompt_len >= 0 and is_int(max_new_tokens) and max_new_tokens >= 0,
-                f"lengths are ints >= 0, got {prompt_len!r}, {max_new_tokens!r}")
+        prompt_len = _plain_int(prompt_len, 0, math.inf, "lengths are ints >= 0")
+        max_new_tokens = _plain_int(max_new_tokens, 0, math.inf, "lengths are ints >= 0")
         needed = blocks_needed(prompt_len + max_new_tokens, self.bm.block_size)
         return needed <= self.bm.num_blocks - self.watermark_blocks
 
@@ -279,12 +291,11 @@ class Scheduler:
 
     # ---------------------------------------------------------------- admission: the one rule
 
-    def _swap_in_blocks(self, seq_id) -> int:
-        return len(self.bm.cpu_block_table(seq_id)) + 1   # +1: it writes its pending token at once
-
-    def _resume_blocks(self, seq_id) -> int:
-        # A recompute victim re-prefills its tokens plus its pending one (conservatively ignoring
-        # cache hits when checking the fit).
+    def _readmit_blocks(self, seq_id) -> int:
+        """GPU blocks a preempted sequence needs back: its tokens plus its pending one, which it
+        writes at once. A swapped one gets fresh blocks for its CPU table's ceil(length / B) and
+        one more only if its tail is full; a recompute victim re-prefills (its cache hits are
+        conservatively ignored when checking the fit)."""
         return blocks_needed(self.bm.length(seq_id) + 1, self.bm.block_size)
 
     def _prompt_blocks(self, request: _Request) -> int:
@@ -295,9 +306,9 @@ class Scheduler:
         then recompute victims, then new requests, which wait while victims do."""
         heads = []
         if self.swapped:
-            heads.append((1, self._swap_in_blocks(self.swapped[0])))
+            heads.append((1, self._readmit_blocks(self.swapped[0])))
         if self.preempted:
-            heads.append((1, self._resume_blocks(self.preempted[0])))
+            heads.append((1, self._readmit_blocks(self.preempted[0])))
         elif self.waiting:
             heads.append((len(self.waiting[0].seq_ids), self._prompt_blocks(self.waiting[0])))
         return heads
@@ -307,8 +318,8 @@ class Scheduler:
         return any(self._room_for(n) and not self._fits(blocks) for n, blocks in self.admission_heads())
 
     def _swap_in(self, out: SchedulerOutput) -> None:
-        self._abort_outgrown(self.swapped, out, self._swap_in_blocks)
-        while self.swapped and self._room_for(1) and self._fits(self._swap_in_blocks(self.swapped[0])):
+        self._abort_outgrown(self.swapped, out, self._readmit_blocks)
+        while self.swapped and self._room_for(1) and self._fits(self._readmit_blocks(self.swapped[0])):
             seq_id = self.swapped.popleft()
             self.bm.swap_in(seq_id)
             self.bm.append(seq_id, self.pending.pop(seq_id))
@@ -316,8 +327,8 @@ class Scheduler:
             out.decodes.append(seq_id)
 
     def _admit(self, out: SchedulerOutput) -> None:
-        self._abort_outgrown(self.preempted, out, self._resume_blocks)
-        while self.preempted and self._room_for(1) and self._fits(self._resume_blocks(self.preempted[0])):
+        self._abort_outgrown(self.preempted, out, self._readmit_blocks)
+        while self.preempted and self._room_for(1) and self._fits(self._readmit_blocks(self.preempted[0])):
             seq_id = self.preempted.popleft()
             self.bm.resume(seq_id)
             self.bm.append(seq_id, self.pending.pop(seq_id))

@@ -245,6 +245,58 @@ def test_a_swapped_sequence_comes_back_once_its_blocks_and_its_pending_tokens_ar
     assert out.swapped_in == [2] and out.decodes == [1, 2] and bm.num_free_blocks() == 0
 
 
+def test_a_swapped_sequence_with_room_in_its_tail_needs_no_block_for_its_pending_token():
+    """Swapped out at 35 tokens (9 blocks of 4, 1 slot free), B comes back on its own 9 blocks: it
+    is neither aborted as outgrown (9 <= 10 - 1 above the watermark) nor kept waiting for a 10th."""
+    bm = BlockManager(10, 4, num_cpu_blocks=20)
+    scheduler = Scheduler(bm, SchedulerConfig(watermark=0.1, prefill_tokens_per_s=1.0, swap_bytes_per_s=1e18))
+    a, = scheduler.add_request("A", [1], 10)            # 1 block
+    b, = scheduler.add_request("B", list(range(32)), 5)  # 8 full blocks; at most 36 tokens = 9 blocks
+    run_step(scheduler)
+    swapped = None
+    while swapped is None:
+        out = run_step(scheduler)
+        swapped = bm.length(b) if out.swapped_out == [b] else None
+    assert swapped == 35 and len(bm.cpu_block_table(b)) == 9 and not out.aborted
+    assert scheduler.admission_heads() == [(1, 9)]
+    outs = [run_step(scheduler) for _ in range(12)]
+    assert b in [seq for out in outs for seq in out.swapped_in]
+    assert not any(out.aborted for out in outs) and not scheduler.has_unfinished()
+
+
+class Lying(int):
+    """An int subclass whose operators disagree with its value."""
+
+    def __int__(self):
+        return 0
+
+    def __radd__(self, other):
+        return -5
+
+    def __le__(self, other):
+        return True
+
+    def __ge__(self, other):
+        return True
+
+
+def test_request_counts_are_read_by_value_not_through_an_int_subclass_operators():
+    scheduler = Scheduler(BlockManager(8, 2), SchedulerConfig(watermark=0.0, max_num_seqs=4))
+    assert scheduler.add_request("x", [1, 2], Lying(3), n=Lying(2)) == [0, 1]
+    assert scheduler.next_seq_id == 2 and scheduler.waiting[0].max_new_tokens == 3
+    for bad in (Lying(0), Lying(-1), Lying(5)):   # out of range by value, whatever they compare as
+        with pytest.raises(InvalidArgument, match="n must be an int"):
+            scheduler.add_request("y", [1], 1, n=bad)
+    with pytest.raises(InvalidArgument, match="max_new_tokens"):
+        scheduler.add_request("y", [1], Lying(0))
+    with pytest.raises(InvalidArgument, match="token"):
+        scheduler.add_request("y", [Lying(-1)], 1)
+    with pytest.raises(InvalidArgument, match="max_num_seqs"):
+        SchedulerConfig(max_num_seqs=Lying(0))
+    assert type(SchedulerConfig(max_num_seqs=Lying(4)).max_num_seqs) is int
+    assert scheduler.next_seq_id == 2 and len(scheduler.waiting) == 1   # nothing queued by a refusal
+
+
 def test_the_default_kv_bytes_per_token_is_llama_3_8b_in_bf16():
     """The swap-vs-recompute cost model's default token size: K and V, 32 layers, 8 KV heads of 128
     dimensions, 2 bytes each (Llama-3-8B's config.json, bf16)."""
