@@ -88,16 +88,19 @@ class Journal:
 
     # ---------------------------------------------------------------- transactions
 
-    def rollback(self) -> None:
-        undo, self.undo = self.undo, []
+    def rollback(self, mark: int = 0) -> None:
+        """Undo every step recorded since the log held `mark` records, newest first."""
+        undo = self.undo[mark:]
+        del self.undo[mark:]
         for function, args in reversed(undo):
             function(*args)
 
 
 def atomic(method):
     """Run a BlockManager method under its lock as one transaction: if it raises anything, every
-    change it made is undone before the exception leaves. Nested calls join the outer transaction,
-    which saved the manager's counters first.
+    change it made is undone before the exception leaves. A nested call (inside `transaction`, or
+    `step`'s preemptions) joins the outer log from a savepoint: if it raises, its own changes are
+    undone there, so a caller that catches the error goes on from the state before the call.
     The fault-injection test raises at every line an operation reaches, except in this wrapper:
     its last statement is the commit point (clearing the log), after which the call has happened."""
     @functools.wraps(method)
@@ -105,7 +108,14 @@ def atomic(method):
         journal = self.journal
         with self._lock:
             if journal.depth:
-                return method(self, *args, **kwargs)
+                mark = len(journal.undo)
+                try:
+                    self._save_counters()
+                    return method(self, *args, **kwargs)
+                except BaseException:
+                    journal.rollback(mark)
+                    self._forget_memo()
+                    raise
             journal.depth = 1
             try:
                 self._save_counters()

@@ -275,6 +275,29 @@ def test_a_fault_at_any_line_changes_nothing(name):
         assert_fault_changes_nothing(setup, operation, at)
 
 
+MANAGER_OPERATIONS = [name for name, (setup, _) in OPERATIONS.items()
+                      if setup not in (scheduler_mid_run, scheduler_awaiting)]
+
+
+@pytest.mark.parametrize("name", MANAGER_OPERATIONS)
+def test_a_fault_caught_inside_a_transaction_changes_nothing(name):
+    """A call nested in `transaction` (as the Scheduler makes every call) that fails is undone at
+    once: a body that catches the error commits the state from before the call, not half of it."""
+    setup, operation = OPERATIONS[name]
+    for at in fault_points(line_events(setup, operation))[::3]:
+        bm = setup()
+        before = manager_state(bm)
+
+        def body():
+            with pytest.raises(Planted, match="planted"):
+                with FaultInjector(at):
+                    operation(bm)
+
+        bm.transaction(body)
+        assert manager_state(bm) == before, f"a fault at line event {at}, caught, left part of the call"
+        bm.check()
+
+
 @pytest.mark.parametrize("name", ["add a long prompt (table grows)", "append_batch evicting in order",
                                   "append_batch again, tables move", "schedule"])
 def test_memory_error_at_any_line_changes_nothing(name):
