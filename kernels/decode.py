@@ -40,7 +40,7 @@ def _combine_splits_kernel(
 ):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
-    offs_s = tl.arange(0, SPLITS_P2)
+    offs_s = tl.arange(0, SPLITS_P2).to(tl.int64)   # split x split stride passes 2**31 in big batches
     offs_d = tl.arange(0, BLOCK_D)
     s_ok = offs_s < NUM_SPLITS
     d_ok = offs_d < HEAD_DIM

@@ -127,6 +127,28 @@ def test_int64_block_addressing(device):
     assert ok, msg
 
 
+def test_int64_split_addressing(device):
+    """Split x split stride > 2**31 elements in the combine of a split decode.
+
+    paged_decode's partial outputs are `[splits, seqs, heads, D]`: 9 splits of 2**28 + 64 elements
+    each (a 2**21-sequence batch of one 128-wide head) put the last split past 2**31. The combine
+    kernel is launched as paged_decode launches it, on a strided view over a lazily allocated
+    float16 buffer of ~4 GiB of virtual memory (only the 9 rows read are written). With int32
+    split offsets the last rows' addresses wrap before the buffer (garbage, or a crash)."""
+    splits, d, stride_s = 9, 128, 2**28 + 64
+    buf = torch.empty((splits - 1) * stride_s + d, dtype=torch.float16, device=device)
+    part = buf.as_strided((splits, 1, 1, d), (stride_s, d, d, 1))
+    for split in range(splits):
+        part[split].fill_(split + 1)
+    lse = torch.zeros(splits, 1, 1, dtype=torch.float32, device=device)   # equal weights
+    out = torch.zeros(1, 1, d, dtype=torch.float32, device=device)
+    assert part.stride(0) < 2**31 <= (splits - 1) * part.stride(0)
+    K.decode._combine_splits_kernel[(1, 1)](
+        part, lse, out, *part.stride()[:3], *lse.stride(), *out.stride()[:2],
+        NUM_SPLITS=splits, SPLITS_P2=16, HEAD_DIM=d, BLOCK_D=d)
+    assert out.cpu().eq(sum(range(1, splits + 1)) / splits).all()   # the mean of 1..9
+
+
 @st.composite
 def decode_cases(draw):
     block_size = draw(st.sampled_from([1, 2, 3, 5, 8, 16, 32]))
