@@ -9,6 +9,13 @@ from pagedkv.cli.common import OutputDir, OutputFile
 
 DTYPE_NAMES = ("float32", "float16", "bfloat16")
 GRIDS = ("ci", "dev", "deep", "none")
+# The kernels' own limit (pagedkv.kernels.validation.MAX_HEAD_DIM), restated so that a bad value is
+# refused while the command line is parsed, before torch loads; tests/cli keeps the two in step.
+MAX_HEAD_DIM = 256
+# Bounds that keep the caches the state machine draws (blocks x block size x heads x head dim, K
+# and V) within a few GiB: the defaults are far below them.
+MAX_KV_HEADS, MAX_GROUP = 16, 16
+MAX_BLOCKS, MAX_BLOCK_SIZE, MAX_PROMPT, MAX_COUNT = 1024, 256, 4096, 100_000
 
 
 def _heads(_ctx, _param, text: str) -> tuple:
@@ -17,8 +24,9 @@ def _heads(_ctx, _param, text: str) -> tuple:
         num_kv_heads, group, head_dim = (int(part) for part in text.split(","))
     except ValueError:
         raise click.BadParameter("give num_kv_heads,group,head_dim, e.g. 1,3,16") from None
-    if min(num_kv_heads, group, head_dim) < 1:
-        raise click.BadParameter("num_kv_heads, group and head_dim must be >= 1")
+    if not (1 <= num_kv_heads <= MAX_KV_HEADS and 1 <= group <= MAX_GROUP and 1 <= head_dim <= MAX_HEAD_DIM):
+        raise click.BadParameter(f"num_kv_heads must lie in 1..{MAX_KV_HEADS}, group in 1..{MAX_GROUP} "
+                                 f"and head_dim in 1..{MAX_HEAD_DIM}")
     return num_kv_heads, group, head_dim
 
 
@@ -35,12 +43,14 @@ def _target(kernel):
 
 @click.command("gen-kernel-tests")
 @click.option("--out", "out_dir", required=True, type=OutputDir(), help="Folder to write into.")
-@click.option("--count", default=50, show_default=True, type=click.IntRange(1), help="Cases to keep.")
+@click.option("--count", default=50, show_default=True, type=click.IntRange(1, MAX_COUNT), help="Cases to keep.")
 @click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**63 - 1),
               help="Seeds the state machine run and the sampling.")
-@click.option("--max-blocks", default=24, show_default=True, type=click.IntRange(4), help="Largest GPU pool drawn.")
-@click.option("--max-block-size", default=8, show_default=True, type=click.IntRange(1), help="Largest block size drawn.")
-@click.option("--max-prompt", default=6, show_default=True, type=click.IntRange(0),
+@click.option("--max-blocks", default=24, show_default=True, type=click.IntRange(4, MAX_BLOCKS),
+              help="Largest GPU pool drawn.")
+@click.option("--max-block-size", default=8, show_default=True, type=click.IntRange(1, MAX_BLOCK_SIZE),
+              help="Largest block size drawn.")
+@click.option("--max-prompt", default=6, show_default=True, type=click.IntRange(0, MAX_PROMPT),
               help="Most prompt tokens after the shared prefix.")
 @click.option("--heads", default="1,3,16", show_default=True, callback=_heads, help="num_kv_heads,group,head_dim.")
 @click.option("--dtype", "dtypes", multiple=True, default=("float32",), show_default=True,

@@ -8,7 +8,7 @@ from importlib.metadata import version
 import pytest
 from click.testing import CliRunner
 
-from pagedkv.cli import common, demo, plan, trace
+from pagedkv.cli import common, demo, gen_kernel_tests, plan, trace
 from pagedkv.cli.main import main
 
 
@@ -42,8 +42,10 @@ def test_restated_choices_match_the_rooms():
     from pagedkv.impl.engine import SCENARIOS
     from pagedkv.impl.sim.planner import DTYPE_BYTES
     from pagedkv.impl.sim.trace import DISTRIBUTIONS
+    from pagedkv.kernels.validation import MAX_HEAD_DIM
 
     assert demo.SCENARIOS == SCENARIOS
+    assert gen_kernel_tests.MAX_HEAD_DIM == MAX_HEAD_DIM
     assert set(plan.DTYPES) == set(DTYPE_BYTES)
     assert set(plan.DTYPE_ALIASES.values()) <= set(DTYPE_BYTES)
     assert trace.DISTRIBUTIONS == DISTRIBUTIONS
