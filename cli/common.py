@@ -28,6 +28,20 @@ class Finite(click.FloatRange):
         return super().convert(number, param, ctx)
 
 
+class InputFile(click.Path):
+    """A file the command reads: it exists and is a regular file (a device such as /dev/zero never
+    ends, and a FIFO with no writer blocks forever)."""
+
+    def __init__(self):
+        super().__init__(exists=True, dir_okay=False)
+
+    def convert(self, value, param, ctx):
+        path = super().convert(value, param, ctx)
+        if not os.path.isfile(path):
+            self.fail(f"{value!r} is not a regular file.", param, ctx)
+        return path
+
+
 class OutputFile(click.ParamType):
     """A file the command will write: checked when the command line is parsed, before any work,
     so a typo in a path cannot throw away minutes of results. `-` (when allowed) means stdout."""

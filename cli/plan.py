@@ -6,7 +6,7 @@ Face `config.json`.
 """
 import click
 
-from pagedkv.cli.common import Finite, console, json_option, write_json
+from pagedkv.cli.common import Finite, InputFile, console, json_option, write_json
 
 #: KV storage types as the planner names them (pagedkv.impl.sim.planner.DTYPE_BYTES; a test keeps
 #: the two in step), and the spellings vLLM and Hugging Face configs use for the same types.
@@ -105,7 +105,7 @@ def resolve_shape(model_config, layers, kv_heads, head_dim, dtype) -> dict:
 def shape_options(function):
     """The model-shape options `plan` and `simulate` share."""
     for decorator in reversed((
-        click.option("--model-config", type=click.Path(exists=True, dir_okay=False), metavar="CONFIG_JSON",
+        click.option("--model-config", type=InputFile(), metavar="CONFIG_JSON",
                      help="Take layers, KV heads, head_dim and dtype from a Hugging Face config.json "
                           "(options given explicitly take precedence)."),
         click.option("--layers", type=click.IntRange(1, 10_000), help="Transformer layers."),

@@ -5,7 +5,7 @@ Option names follow vLLM where vLLM has one (`--enable-prefix-caching`, `--max-m
 """
 import click
 
-from pagedkv.cli.common import Finite, OutputDir, human_console, json_option, write_json
+from pagedkv.cli.common import Finite, InputFile, OutputDir, human_console, json_option, write_json
 from pagedkv.cli.plan import MAX_POOL_GIB, resolve_shape, shape_options, tp_option
 
 #: The simulated pool is real memory (the BlockManager keeps every slot's token id and a free list of
@@ -39,7 +39,7 @@ def _blocks(name: str, pool_bytes: int, block_bytes: int, block_size: int) -> in
 
 
 @click.command()
-@click.argument("trace_file", type=click.Path(exists=True, dir_okay=False))
+@click.argument("trace_file", type=InputFile())
 @click.option("--allocator", type=click.Choice(["contiguous", "paged", "both"]), default="both", show_default=True)
 @click.option("--enable-prefix-caching", "--prefix-caching", "prefix_caching", is_flag=True,
               help="Share cached full blocks between equal prompt prefixes (paged).")
@@ -113,6 +113,8 @@ def simulate(trace_file, allocator, prefix_caching, block_size, pool_blocks, poo
         requests = read_trace(trace_file)
     except TraceError as e:
         raise click.UsageError(str(e)) from e
+    if not requests:
+        raise click.UsageError(f"{trace_file} holds no requests: nothing to simulate")
     # The sweep's run at --block-size is the paged run itself: each distinct configuration runs once.
     distinct = list(dict.fromkeys(configs + sweep_configs))
     steps = {c: Step(f"{number}/{len(distinct)} " + ("contiguous" if c.allocator == "contiguous" else

@@ -1,7 +1,7 @@
 """`pagedkv trace`: synthesize request traces and summarize trace files (format in pagedkv.impl.sim.trace)."""
 import click
 
-from pagedkv.cli.common import Finite, OutputFile, json_option, write_json
+from pagedkv.cli.common import Finite, InputFile, OutputFile, json_option, write_json
 
 #: pagedkv.impl.sim.trace.DISTRIBUTIONS, restated so that a usage error never waits for the impl
 #: room to load (a test keeps the two in step).
@@ -86,7 +86,7 @@ def synth_no_effect(prompt_dist, output_dist, sigma, prefix_fraction, prefix_len
 
 
 @trace.command()
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.argument("file", type=InputFile())
 @json_option
 def stats(file, json_path):
     """Count, mean and percentiles of a trace's lengths."""

@@ -4,7 +4,8 @@ One JSON object per line, sorted by arrival:
 
     {"arrival": 0.42, "prompt_len": 450, "output_len": 120, "prefix_group": 3, "prefix_len": 64, "num_samples": 1}
 
-- `arrival`: seconds since the trace starts (>= 0, non-decreasing down the file);
+- `arrival`: seconds since the trace starts (0..2**32, ~136 years, non-decreasing down the file:
+  the simulator's float clock keeps microseconds up to there; at 1e15 s a 5 ms step would vanish);
 - `prompt_len`, `output_len`: tokens (1..2**24); `num_samples`: parallel samples sharing the prompt
   (1..1024);
 - `prefix_group`: requests with the same group id (an int in 0..2**63-1) begin with the same tokens,
@@ -14,8 +15,9 @@ One JSON object per line, sorted by arrival:
 The default synthesizer's lengths (prompts averaging 450 tokens, outputs 120, prompt + output <=
 max_seq_len 2048) are the workload of the README's utilization figures.
 
-Errors name the file, the line and the field. Synthesis and writing stream in chunks, so a trace of
-millions of requests never sits in memory.
+Errors name the file, the line and the field. Reading, synthesis and writing stream (a line longer
+than MAX_LINE bytes is an error, not a read of the whole file), so a trace of millions of requests
+never sits in memory.
 """
 import json
 import math
@@ -26,6 +28,11 @@ FIELDS = ("arrival", "prompt_len", "output_len", "prefix_group", "prefix_len", "
 MAX_TOKENS = 2**24          # token positions the simulator numbers per sequence
 MAX_SAMPLES = 1024
 MAX_GROUP = 2**63 - 1       # group ids are int64 in every tool that reads traces
+MAX_ARRIVAL = 2**32         # seconds: a float's step there is ~1 microsecond
+# A synthesized trace's mean span (num_requests / rate) stays below MAX_ARRIVAL / 64: even one
+# request's exponential gap passes 64 means with probability e**-64.
+MAX_MEAN_SPAN = MAX_ARRIVAL / 64
+MAX_LINE = 65_536           # bytes; a record is under 200
 CHUNK = 65_536              # requests synthesized and written at a time
 DISTRIBUTIONS = ("lognormal", "uniform", "fixed")
 
@@ -59,9 +66,9 @@ def _shown(value) -> str:
 
 def _check_request(r: Request):
     arrival = r.arrival
-    if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not (
-            -1 < arrival < 1e300 and math.isfinite(arrival) and arrival >= 0):
-        raise TraceError(f"field 'arrival' must be a finite number of seconds >= 0, got {_shown(arrival)}")
+    # NaN fails both comparisons; an int of any size compares exactly.
+    if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not 0 <= arrival <= MAX_ARRIVAL:
+        raise TraceError(f"field 'arrival' must be a number of seconds in 0..2**32, got {_shown(arrival)}")
     for name, most in (("prompt_len", MAX_TOKENS), ("output_len", MAX_TOKENS), ("num_samples", MAX_SAMPLES)):
         value = getattr(r, name)
         if not _is_int(value) or not 1 <= value <= most:
@@ -131,9 +138,18 @@ def stream_trace(path):
     """`read_trace`, one request at a time (for statistics over traces too large to hold)."""
     with open(path, "rb") as f:   # bytes: a line that is not UTF-8 is reported by number
         try:
-            yield from iter_trace(f)
+            yield from iter_trace(_bounded_lines(f))
         except TraceError as e:
             raise TraceError(f"{path}: {e}") from None
+
+
+def _bounded_lines(f):
+    """The lines of a binary file, none read past MAX_LINE bytes (a file with no newline, such as
+    /dev/zero, would otherwise be read whole as one line)."""
+    for lineno, line in enumerate(iter(lambda: f.readline(MAX_LINE + 1), b""), 1):
+        if len(line) > MAX_LINE:
+            raise TraceError(f"line {lineno}: longer than {MAX_LINE} bytes (a record is one short JSON object)")
+        yield line
 
 
 def write_trace(target, requests) -> int:
@@ -201,6 +217,10 @@ class TraceConfig:
                 raise TraceError(f"{name} must be an integer >= {least}, got {value!r}")
         if not (math.isfinite(self.rate) and self.rate > 0):
             raise TraceError(f"rate must be positive, got {self.rate}")
+        if self.num_requests / self.rate > MAX_MEAN_SPAN:
+            raise TraceError(f"{self.num_requests} requests at {self.rate}/s would span some "
+                             f"{self.num_requests / self.rate:.3g} s; arrivals stop at 2**32 s: "
+                             f"a higher rate, or fewer requests")
         for name in ("prefix_fraction", "sample_prob"):
             if not 0 <= getattr(self, name) <= 1:
                 raise TraceError(f"{name} must lie in [0, 1], got {getattr(self, name)}")

@@ -18,8 +18,11 @@ def files(tmp_path_factory):
     paths = {
         "trace": GOOD_TRACE,
         "digits": '{"arrival": 0, "prompt_len": 1' + "0" * 5000 + ', "output_len": 4}\n',
-        "deep": "[" * 100_000 + "]" * 100_000 + "\n",
+        "deep": "[" * 30_000 + "]" * 30_000 + "\n",   # under the 64 KiB line bound
         "config": '{"num_hidden_layers": 0, "num_attention_heads": 32, "hidden_size": 4096}',
+        "far": '{"arrival": 1e15, "prompt_len": 20, "output_len": 4}\n',
+        "empty": "\n  \n",
+        "long": '{"arrival": 0, "prompt_len": 20, "output_len": 4' + " " * 70_000 + "}\n",
     }
     out = {}
     for name, text in paths.items():
@@ -60,6 +63,12 @@ CASES = [
     (lambda f: sim(f, "--json", str(f["missing"])), "does not exist"),
     (lambda f: ["simulate", str(f["digits"]), "--pool-blocks", "64"], "not usable JSON (Exceeds the limit (4300 digits)"),
     (lambda f: ["simulate", str(f["utf8"]), "--pool-blocks", "64"], "utf8.jsonl: line 2: not UTF-8 text (byte 51 of"),
+    # simulate: latencies silently 0 (a float clock at 1e15 s absorbs every step), "all 0 rejected"
+    (lambda f: ["simulate", str(f["far"]), "--pool-blocks", "64"],
+     "line 1: field 'arrival' must be a number of seconds in 0..2**32, got 1000000000000000.0"),
+    (lambda f: ["simulate", str(f["empty"]), "--pool-blocks", "64"], "empty.json holds no requests: nothing to simulate"),
+    (lambda f: ["simulate", str(f["long"]), "--pool-blocks", "64"], "line 1: longer than 65536 bytes"),
+    (lambda f: ["simulate", "/dev/zero", "--pool-blocks", "64"], "'/dev/zero' is not a regular file"),
     # plan
     (lambda f: ["plan", "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--dtype", "bf16",
                 "--block-size", "16", "--pool-gib", "1e300"], "'--pool-gib': 1e+300 is not in the range 0<x<=1048576"),
@@ -77,6 +86,9 @@ CASES = [
     (lambda f: ["trace", "stats", str(f["digits"])], "digits.json: line 1: not usable JSON"),
     (lambda f: ["trace", "stats", str(f["utf8"])], "line 2: not UTF-8 text"),
     (lambda f: ["trace", "stats", str(f["deep"])], "deep.json: line 1: JSON nested too deeply"),
+    (lambda f: ["trace", "stats", "/dev/zero"], "'/dev/zero' is not a regular file"),
+    (lambda f: ["trace", "synth", "--num-requests", "1000", "--seed", "1", "--rate", "1e-6", "--out", "t.jsonl"],
+     "1000 requests at 1e-06/s would span some 1e+09 s; arrivals stop at 2**32 s"),
     # prove, check, demo
     (lambda f: ["prove", "--workers", "-1"], "'--workers': -1 is not in the range 0<=x<=1024"),
     (lambda f: ["prove", "--json", str(f["missing"])], "does not exist"),

@@ -7,8 +7,9 @@ from click.testing import CliRunner
 from hypothesis import given, settings, strategies as st
 
 from pagedkv.cli.trace import trace as trace_cmd
-from pagedkv.impl.sim.trace import (LengthDist, Request, TraceConfig, TraceError, parse_trace, read_trace,
-                                synthesize, synthesize_chunks, trace_stats, write_trace)
+from pagedkv.impl.sim.trace import (MAX_ARRIVAL, MAX_LINE, MAX_MEAN_SPAN, LengthDist, Request, TraceConfig,
+                                TraceError, parse_trace, read_trace, synthesize, synthesize_chunks, trace_stats,
+                                write_trace)
 
 
 @settings(max_examples=25, deadline=None)
@@ -112,9 +113,9 @@ def test_blank_lines_are_skipped_and_line_numbers_count_them():
     ("[1, 2]", "expected a JSON object, got list"),
     ('{"arrival": 0, "prompt_len": 5, "output_len": 2, "prompt_length": 5}', "unknown field(s) prompt_length"),
     ('{"arrival": 0, "prompt_len": 5}', "missing field(s) output_len"),
-    ('{"arrival": -1, "prompt_len": 5, "output_len": 2}', "field 'arrival' must be a finite number"),
-    ('{"arrival": NaN, "prompt_len": 5, "output_len": 2}', "field 'arrival' must be a finite number"),
-    ('{"arrival": "0", "prompt_len": 5, "output_len": 2}', "field 'arrival' must be a finite number"),
+    ('{"arrival": -1, "prompt_len": 5, "output_len": 2}', "field 'arrival' must be a number of seconds in 0..2**32"),
+    ('{"arrival": NaN, "prompt_len": 5, "output_len": 2}', "field 'arrival' must be a number of seconds in 0..2**32"),
+    ('{"arrival": "0", "prompt_len": 5, "output_len": 2}', "field 'arrival' must be a number of seconds in 0..2**32"),
     ('{"arrival": 0, "prompt_len": 4.5, "output_len": 2}', "field 'prompt_len' must be an integer in 1.."),
     ('{"arrival": 0, "prompt_len": true, "output_len": 2}', "field 'prompt_len' must be an integer in 1.."),
     ('{"arrival": 0, "prompt_len": 5, "output_len": 0}', "field 'output_len' must be an integer in 1.."),
@@ -126,7 +127,9 @@ def test_blank_lines_are_skipped_and_line_numbers_count_them():
     ('{"arrival": 0, "prompt_len": 16777217, "output_len": 2}', "field 'prompt_len' must be an integer in 1..16777216"),
     ('{"arrival": 0, "prompt_len": 5, "output_len": 2, "prefix_group": 9223372036854775808}',
      "field 'prefix_group' must be null or an integer in 0..2**63-1"),
-    ('{"arrival": 1' + "0" * 400 + ', "prompt_len": 5, "output_len": 2}', "field 'arrival' must be a finite number"),
+    ('{"arrival": 1' + "0" * 400 + ', "prompt_len": 5, "output_len": 2}', "field 'arrival' must be a number of seconds in 0..2**32"),
+    # past 2**32 s a float clock loses microseconds: at 1e15 every latency read 0
+    ('{"arrival": 1e15, "prompt_len": 5, "output_len": 2}', "field 'arrival' must be a number of seconds in 0..2**32"),
     ('{"arrival": 0, "prompt_len": 1' + "0" * 5000 + ', "output_len": 2}', "not usable JSON (Exceeds the limit"),
     ("[" * 100_000 + "]" * 100_000, "JSON nested too deeply"),
     (b'{"arrival": 0, "prompt_len": 5, "output_len": 2, "x\xff": 1}', "not UTF-8 text (byte 52 of the line)"),
@@ -250,3 +253,23 @@ def test_cli_stats_reports_the_bad_line(tmp_path):
     r = CliRunner().invoke(trace_cmd, ["stats", str(path)])
     assert r.exit_code == 2
     assert "line 2: missing field(s) output_len" in r.output
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 200), st.integers(0, 2**32))
+def test_a_trace_the_synthesizer_accepts_stays_within_the_arrival_bound(n, seed):
+    """At the longest mean span it accepts (num_requests / rate = MAX_ARRIVAL / 64) every arrival
+    is one a trace may hold; a longer span is refused before anything is drawn."""
+    rate = n / MAX_MEAN_SPAN
+    assert synthesize(TraceConfig(n, seed=seed, rate=rate))[-1].arrival <= MAX_ARRIVAL
+    with pytest.raises(TraceError, match="arrivals stop at 2"):
+        TraceConfig(n, seed=seed, rate=rate * 0.99)
+
+
+def test_a_line_past_the_bound_is_refused_without_reading_the_rest(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b'{"arrival": 0, "prompt_len": 5, "output_len": 2}\n' + b" " * (MAX_LINE + 1) + b"\n")
+    with pytest.raises(TraceError, match=f"t.jsonl: line 2: longer than {MAX_LINE} bytes"):
+        read_trace(path)
+    path.write_bytes(b'{"arrival": 0, "prompt_len": 5, "output_len": 2' + b" " * (MAX_LINE - 60) + b"}\n")
+    assert len(read_trace(path)) == 1   # a long line within the bound is read
