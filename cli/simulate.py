@@ -102,7 +102,8 @@ def simulate(trace_file, allocator, prefix_caching, block_size, pool_blocks, poo
 
     def config(kind, size):
         blocks = _blocks("--pool-gib" if pool_gib is not None else "--pool-blocks", pool_bytes, size * per_token, size)
-        cpu_blocks = min(swap_bytes // (size * per_token), MAX_BLOCKS)
+        # The CPU pool is real memory too: clipped to the bounds the GPU pool must meet.
+        cpu_blocks = min(swap_bytes // (size * per_token), MAX_BLOCKS, MAX_SLOTS // size)
         return sim.SimConfig(kind, size, blocks, per_token, max_seq_len, prefix_caching, cpu_blocks, max_num_seqs,
                              cost)
 

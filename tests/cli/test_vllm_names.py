@@ -170,3 +170,13 @@ def test_kv_cache_dtype_auto_is_the_models_own(trace_file, tmp_path):
     path = write_config(tmp_path, "l2", config)
     assert simulate_json(trace_file, "--pool-blocks", "64", "--model-config", path, "--kv-cache-dtype", "auto") == \
         simulate_json(trace_file, "--pool-blocks", "64", "--model-config", path, "--kv-cache-dtype", "fp16")
+
+
+def test_a_swap_space_past_the_simulator_bounds_is_clipped_like_the_pool(tmp_path):
+    """1 TiB of swap in blocks of 65536 one-byte tokens would be 2 TiB of bookkeeping (a [blocks,
+    block size] int64 array): the CPU pool is clipped to the token slots the GPU pool may hold."""
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text('{"arrival": 0, "prompt_len": 20, "output_len": 4}\n')
+    result, _ = simulate_json(str(plain), "--pool-blocks", "4", "--block-size", "65536", "--swap-space", "1048576",
+                              "--layers", "1", "--kv-heads", "1", "--head-dim", "1", "--kv-cache-dtype", "fp8")
+    assert result["runs"][0]["requests"] == 1 and result["runs"][0]["rejected"] == 0
