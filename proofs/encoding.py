@@ -363,10 +363,12 @@ class Machine:
                 self.require_running(run, s)
         members = [member for member, _ in batch]
         for _ in range(self.b.max_seqs):   # each round preempts a running sequence or none
-            with run.when(self.blocks_for_step(run.state, members) > self.num_free(run.state)):
+            short = self.blocks_for_step(run.state, members) > self.num_free(run.state)
+            with run.when(short):
                 victim = self.latest_running(run.state)
                 self.preempt_recompute(run, victim)
-                members = [z3.And(m, victim != s) for s, m in enumerate(members)]
+            # Only a round that preempts drops its victim from the batch.
+            members = [z3.And(m, z3.Not(z3.And(short, victim == s))) for s, m in enumerate(members)]
         run.checks.append(z3.Implies(run.active, self.blocks_for_step(run.state, members) <= self.num_free(run.state)))
         admitted = run.state.admitted
         rank = [count([z3.And(m2, a2 < a) for m2, a2 in zip(members, admitted)]) for a in admitted]
