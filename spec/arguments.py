@@ -14,30 +14,42 @@ def require(condition: bool, message: str) -> None:
         raise InvalidArgument(message)
 
 
-# The checks below run on every operation: they format their message only when they fail.
+# The checks below run on every operation: they format their message only when they fail. Each
+# returns what it checked as plain ints: an int subclass passes by its value (`int.__index__`
+# reads it), never by its own `__eq__`, `__hash__` or comparisons, which may disagree with it.
 
-def check_seq_id(seq_id) -> None:
+def check_seq_id(seq_id) -> int:
     if not is_int(seq_id):
         raise InvalidArgument(f"sequence ids are ints, got {seq_id!r}")
+    return int.__index__(seq_id)
 
 
-def check_token(token) -> None:
-    if not (is_int(token) and 0 <= token <= MAX_TOKEN):
-        raise InvalidArgument(f"tokens are ints in 0..2**63-1, got {token!r}")
+def check_token(token) -> int:
+    if is_int(token):
+        value = int.__index__(token)
+        if 0 <= value <= MAX_TOKEN:
+            return value
+    raise InvalidArgument(f"tokens are ints in 0..2**63-1, got {token!r}")
+
+
+def check_block(block, num_blocks: int) -> int:
+    if is_int(block):
+        value = int.__index__(block)
+        if 0 <= value < num_blocks:
+            return value
+    raise InvalidArgument(f"block id {block!r} outside 0..{num_blocks - 1}")
 
 
 def check_prompt(tokens) -> list:
     if not (isinstance(tokens, (list, tuple)) and len(tokens) > 0):
         raise InvalidArgument(f"a prompt is a non-empty list of tokens, got {tokens!r}")
-    for token in tokens:
-        check_token(token)
-    return list(tokens)
+    return [check_token(token) for token in tokens]
 
 
-def check_step_tokens(tokens) -> None:
-    """A decode step's batch: a dict of sequence id -> next token."""
+def check_step_tokens(tokens) -> dict:
+    """A decode step's batch: a dict of sequence id -> next token, each sequence named once."""
     if not isinstance(tokens, dict):
         raise InvalidArgument(f"step takes a dict of seq_id -> token, got {type(tokens).__name__}")
-    for seq_id, token in tokens.items():
-        check_seq_id(seq_id)
-        check_token(token)
+    batch = {check_seq_id(seq_id): check_token(token) for seq_id, token in tokens.items()}
+    require(len(batch) == len(tokens), "a step names a sequence twice")
+    return batch

@@ -36,7 +36,7 @@ import copy
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from .arguments import check_prompt, check_seq_id, check_step_tokens, check_token, is_int, require
+from .arguments import check_block, check_prompt, check_seq_id, check_step_tokens, check_token, is_int, require
 from .blocks import KV, blocks_needed
 from .errors import DuplicateSequence, InvalidArgument, InvalidState, OutOfBlocks, UnknownSequence
 
@@ -100,8 +100,7 @@ class KVSpec:
         post: len(self.block_table(seq_id)) == blocks_needed(len(tokens), self.block_size)
         post: self.status(seq_id) == RUNNING
         """
-        check_seq_id(seq_id)
-        tokens = check_prompt(tokens)
+        seq_id, tokens = check_seq_id(seq_id), check_prompt(tokens)
         if seq_id in self.seqs:
             raise DuplicateSequence(seq_id)
         seq = Sequence(tokens=tokens)
@@ -120,7 +119,7 @@ class KVSpec:
         post: len(self.block_table(seq_id)) == blocks_needed(self.length(seq_id), self.block_size)
         post: self.refcount(self.block_table(seq_id)[-1]) == 1
         """
-        check_token(token)
+        token = check_token(token)
         seq = self._running(seq_id)
         position = len(seq.tokens)
         copies = []
@@ -141,8 +140,7 @@ class KVSpec:
         post: self.block_table(child_id) == self.block_table(parent_id)
         post: self.tokens(child_id) == self.tokens(parent_id)
         """
-        check_seq_id(parent_id)
-        check_seq_id(child_id)
+        parent_id, child_id = check_seq_id(parent_id), check_seq_id(child_id)
         parent = self._get(parent_id)
         if child_id in self.seqs:
             raise DuplicateSequence(child_id)
@@ -159,6 +157,7 @@ class KVSpec:
         pre: seq_id in self.seqs
         post: seq_id not in self.seqs
         """
+        seq_id = check_seq_id(seq_id)
         seq = self._get(seq_id)
         self._release(seq.block_table)
         self._release_cpu(seq.cpu_block_table)
@@ -241,10 +240,9 @@ class KVSpec:
         post: set(__return__.appended) | set(__return__.preempted) >= set(tokens)
         post: not set(__return__.appended) & set(__return__.preempted)
         """
-        check_step_tokens(tokens)
-        for seq_id in tokens:
+        batch = check_step_tokens(tokens)
+        for seq_id in batch:
             self._running(seq_id)
-        batch = dict(tokens)
         preempted = []
         while self._blocks_for_step(batch) > self.num_free_blocks():
             victim = max(self._running_ids(), key=lambda s: self.seqs[s].admitted)
@@ -289,9 +287,7 @@ class KVSpec:
         return [pool[table[i // self.block_size]][i % self.block_size] for i in range(len(seq.tokens))]
 
     def refcount(self, block: int) -> int:
-        if not (is_int(block) and 0 <= block < self.num_blocks):
-            raise InvalidArgument(f"block id {block!r} outside 0..{self.num_blocks - 1}")
-        return self.ref_count[block]
+        return self.ref_count[check_block(block, self.num_blocks)]
 
     def num_free_blocks(self) -> int:
         """Blocks an allocation could take now: never-cached free plus evictable cached.
@@ -328,7 +324,7 @@ class KVSpec:
         return [None] * self.block_size
 
     def _get(self, seq_id) -> Sequence:
-        check_seq_id(seq_id)
+        seq_id = check_seq_id(seq_id)
         if seq_id not in self.seqs:
             raise UnknownSequence(seq_id)
         return self.seqs[seq_id]

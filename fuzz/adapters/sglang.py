@@ -288,7 +288,7 @@ class SGLangRadixSubject:
         return kinds.PagedTokenToKVPoolAllocator(tokens, self.B, torch.float16, "cpu", None, need_sort=False)
 
     def _request(self, seq_id) -> _Request:
-        check_seq_id(seq_id)
+        seq_id = check_seq_id(seq_id)
         if seq_id not in self.requests:
             raise UnknownSequence(seq_id)
         return self.requests[seq_id]
@@ -296,8 +296,7 @@ class SGLangRadixSubject:
     # ------------------------------------------------------------------ protocol
 
     def add(self, seq_id: int, tokens: list) -> int:
-        check_seq_id(seq_id)
-        tokens = check_prompt(tokens)
+        seq_id, tokens = check_seq_id(seq_id), check_prompt(tokens)
         if seq_id in self.requests:
             raise DuplicateSequence(seq_id)
         req = _Request(rid=seq_id, origin_input_ids=array("q", tokens))
@@ -320,7 +319,7 @@ class SGLangRadixSubject:
 
     def append(self, seq_id: int, token: int) -> list:
         req = self._request(seq_id)
-        check_token(token)
+        token = check_token(token)
         position = req.kv.kv_committed_len
         with self.sg.active():
             loc = self._alloc_decode(req, position)
@@ -338,7 +337,7 @@ class SGLangRadixSubject:
         req.finished_reason = "stop"
         with self.sg.active():
             self.sg.common.release_kv_cache(req, self.cache, checkpoint=True)
-        del self.requests[seq_id]
+        del self.requests[req.rid]
 
     def block_table(self, seq_id: int) -> list:
         req = self._request(seq_id)

@@ -47,7 +47,7 @@ import torch
 
 from pagedkv.spec import (DuplicateSequence, InvalidArgument, InvalidState, InvariantViolation, OutOfBlocks,
                           StepResult, UnknownSequence)
-from pagedkv.spec.arguments import check_step_tokens, is_int, require
+from pagedkv.spec.arguments import check_block, check_step_tokens, is_int, require
 from pagedkv.spec.blocks import blocks_needed
 
 from .arguments import (check_device, check_prompt, check_token_batch, check_token_counts, marshalled,
@@ -261,10 +261,8 @@ class BlockManager:
         rest in admission order. The spec preempts by recompute; a scheduler may pass
         `preempt_mode(victim) -> "recompute" | "swap"` to choose per victim. All or nothing: if
         `preempt_mode` raises or answers badly, nothing was preempted or appended."""
-        check_step_tokens(tokens)
+        batch = check_step_tokens(tokens)
         require(callable(preempt_mode), f"preempt_mode must be callable, got {preempt_mode!r}")
-        batch = {plain_seq_id(s): plain_token(t) for s, t in tokens.items()}
-        require(len(batch) == len(tokens), "a step names a sequence twice")
         for seq_id in batch:
             self._running_row(seq_id)
         preempted = []
@@ -383,9 +381,7 @@ class BlockManager:
 
     @_locked
     def refcount(self, block: int) -> int:
-        if not (is_int(block) and 0 <= block < self.num_blocks):
-            raise InvalidArgument(f"block id {block!r} outside 0..{self.num_blocks - 1}")
-        return int(self.pool.ref_count[block])
+        return int(self.pool.ref_count[check_block(block, self.num_blocks)])
 
     @_locked
     def num_free_blocks(self) -> int:

@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, Phase, settings
 from pagedkv.fuzz.differential import (DifferentialMachine, SchedulerMachine, differential_settings,
                                        run_differential_check)
 from pagedkv.fuzz.guard import HangFound, run_bounded
-from pagedkv.spec import KVSpec
+from pagedkv.impl import BlockManager
+from pagedkv.spec import InvalidArgument, KVSpec, UnknownSequence
 
 
 def test_differential_machine():
@@ -65,3 +66,58 @@ def test_the_check_reports_a_hang_with_its_program(monkeypatch):
     assert not report["passed"] and report["detail"].startswith("divergence: HangFound: timeout: step({")
     [example] = report["counterexamples"]
     assert example["program"].splitlines()[-1].strip().startswith("step({")
+
+
+class Alias(int):
+    """An int of one value that hashes as and compares equal to another."""
+
+    def __new__(cls, value, looks_like):
+        alias = super().__new__(cls, value)
+        alias.looks_like = looks_like
+        return alias
+
+    def __hash__(self):
+        return hash(self.looks_like)
+
+    def __eq__(self, other):
+        return self.looks_like == other
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    def __lt__(self, other):
+        return self.looks_like < other
+
+    def __le__(self, other):
+        return self.looks_like <= other
+
+    def __gt__(self, other):
+        return self.looks_like > other
+
+    def __ge__(self, other):
+        return self.looks_like >= other
+
+
+@pytest.mark.parametrize("make", [KVSpec, BlockManager], ids=["spec", "impl"])
+def test_ids_and_tokens_are_read_by_value_not_through_an_int_subclass(make):
+    """Spec and production alike read an id or token by its value: an int 99 that compares as
+    sequence 1 names no sequence, and tokens 9, 9 that compare as the cached 5, 6 hit nothing
+    (the spec served them the KV of 5, 6, its invariants judged by the same lying `==`)."""
+    subject = make(8, 2, prefix_caching=True)
+    subject.add(1, [5, 6, 7])
+    with pytest.raises(UnknownSequence):
+        subject.free(Alias(99, 1))
+    assert subject.seq_ids() == [1]
+    subject.add(2, [5, 6, 7])
+    subject.free(2)                                    # (5, 6) cached and evictable
+    assert subject.add(3, [Alias(9, 5), Alias(9, 6), 1]) == 0
+    assert [type(t) for t in subject.tokens(3)] == [int] * 3 and subject.tokens(3) == [9, 9, 1]
+    with pytest.raises(InvalidArgument, match="twice"):
+        subject.step({3: 1, Alias(3, 30): 2})
+    subject.free(Alias(3, 30))                         # sequence 3 by value
+    assert subject.seq_ids() == [1]
+    for block in (Alias(99, 1), Alias(-8, 1)):         # out of range by value, in range by comparison
+        with pytest.raises(InvalidArgument, match="block id"):
+            subject.refcount(block)
+    assert subject.refcount(Alias(subject.block_table(1)[0], 99)) == 1
+    subject.check()
