@@ -73,3 +73,15 @@ def test_out_of_bounds_is_reported_not_compared():
     kv = KVSpec(B.num_blocks, B.block_size, num_cpu_blocks=B.num_cpu_blocks)
     kv.add(0, [1] * B.max_tokens)
     assert not evaluate(B, "append", snapshot(kv), (0, 1)).in_bounds
+
+
+def test_a_step_that_preempts_nothing_appends_to_the_latest_admitted_sequence():
+    """The encoded step once dropped the latest admitted running sequence from every batch, as if
+    each unrolled round had preempted it (found replaying a stored Hypothesis example)."""
+    kv = KVSpec(B.num_blocks, B.block_size, num_cpu_blocks=B.num_cpu_blocks, prefix_caching=True)
+    kv.add(1, [2])
+    kv.fork(1, 2)                  # 2 is admitted last and shares 1's partial tail
+    encoded = evaluate(B, "step", snapshot(kv), ({2: 0},))
+    kv.step({2: 0})                # copy-on-write of the tail, then the write
+    assert encoded.unique and encoded.error == "ok" and encoded.after == snapshot(kv)
+    assert kv.tokens(2) == [2, 0]
