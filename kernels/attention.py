@@ -43,7 +43,8 @@ it owns the same ceil(G / BLOCK_M) tiles and a program finds its sequence from i
 a host-side bound; the surplus tiles are padding with an empty key range. A launch therefore
 needs no value of any index tensor, which keeps it free of device-to-host copies and capturable
 in a CUDA graph. As a second line behind the host checks, each length is clamped to the table
-capacity and each query row to q's rows, so unchecked values cannot address outside them.
+capacity, each query row to q's rows, and a block id outside the cache is a masked key (never
+loaded, never weighted), so unchecked values cannot address outside them.
 
 Split-KV (flash-decoding): with NUM_SPLITS > 1 the key range of each tile is cut into NUM_SPLITS
 chunks; each program writes its normalised partial output and its log-sum-exp (base 2), and
@@ -98,7 +99,7 @@ def _paged_attention_kernel(
     stride_os, stride_ot, stride_oh,
     stride_ls, stride_lt, stride_lh,
     stride_tab,
-    scale, softcap, window, capacity, num_q_tokens,
+    scale, softcap, window, capacity, num_q_tokens, num_blocks,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     CAUSAL: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
@@ -169,6 +170,7 @@ def _paged_attention_kernel(
         n_ok = offs_n < end
         # gather: token j lives in slot j % B of physical block tables[seq, j // B]
         block = tl.load(table_row + offs_n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
+        n_ok = n_ok & (block >= 0) & (block < num_blocks)   # an unchecked table's id past the cache
         slot = (offs_n % BLOCK_SIZE).to(tl.int64)
         kv_mask = n_ok[:, None] & d_ok[None, :]
         k = tl.load(k_head + (block * stride_kb + slot * stride_ks)[:, None] + offs_d[None, :],
@@ -313,7 +315,7 @@ def launch_attention(
         sls, slt, slh,
         block_tables.stride(0),
         scale, softcap if softcap is not None else 1.0,
-        window if window is not None else 0, block_tables.shape[1] * block_size, q.shape[0],
+        window if window is not None else 0, block_tables.shape[1] * block_size, q.shape[0], k_cache.shape[0],
         GROUP=group, HEAD_DIM=q.shape[2], BLOCK_SIZE=block_size,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         CAUSAL=causal, USE_WINDOW=window is not None, USE_SOFTCAP=softcap is not None,

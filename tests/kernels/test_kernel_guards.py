@@ -66,3 +66,21 @@ def test_write_kv_skips_slots_past_the_cache_when_the_host_copy_lies(device, gen
     k[0, 3] = 0
     v[0, 3] = 0
     assert torch.count_nonzero(k) == 0 and torch.count_nonzero(v) == 0
+
+
+def test_attention_never_reads_a_block_id_past_the_cache(device, gen):
+    """An unvalidated table naming blocks outside the cache (past its end, or negative) reads them
+    as masked keys: the result is the attention over the row's real blocks alone, finite, with no
+    read outside k and v (the ids are far enough out to fault)."""
+    q, k, v, tables, capacity = full_table_case(device, gen)
+    lens = torch.tensor([12, 8, 4], dtype=torch.int32, device=device)
+    lying = tables.clone()
+    lying[0, 2] = 2**31 - 1          # sequence 0's third block
+    lying[1, 1] = -(2**31)           # sequence 1's second block
+    out = K.paged_decode(q, k, v, lying, lens, validate=False, max_seq_len=capacity, num_splits=1)
+    # The same keys dropped by hand: sequence 0 sees blocks 0-1 (8 tokens), sequence 1 block 0 (4).
+    want = K.reference_decode(q.cpu(), k.cpu(), v.cpu(), tables.cpu(), torch.tensor([8, 4, 4], dtype=torch.int32))
+    torch.testing.assert_close(out.cpu(), want, atol=2e-5, rtol=0)
+    prefill = K.paged_prefill(q, k, v, lying, lens, torch.arange(4, dtype=torch.int32, device=device),
+                              validate=False, max_seq_len=capacity)
+    assert torch.isfinite(prefill).all()
