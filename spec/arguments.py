@@ -18,6 +18,16 @@ def require(condition: bool, message: str) -> None:
 # returns what it checked as plain ints: an int subclass passes by its value (`int.__index__`
 # reads it), never by its own `__eq__`, `__hash__` or comparisons, which may disagree with it.
 
+def check_int(value, low, high, message: str) -> int:
+    """`value` as a plain int in low..high (`high` may be math.inf), range-checked by its value;
+    anything else raises InvalidArgument(message, and what it got)."""
+    if is_int(value):
+        plain = int.__index__(value)
+        if low <= plain <= high:
+            return plain
+    raise InvalidArgument(f"{message}, got {value!r}")
+
+
 def check_seq_id(seq_id) -> int:
     if not is_int(seq_id):
         raise InvalidArgument(f"sequence ids are ints, got {seq_id!r}")

@@ -33,10 +33,11 @@ back exactly its own KV" a checkable invariant; `check()` runs all named invaria
 """
 
 import copy
+import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from .arguments import check_block, check_prompt, check_seq_id, check_step_tokens, check_token, is_int, require
+from .arguments import check_block, check_int, check_prompt, check_seq_id, check_step_tokens, check_token, require
 from .blocks import KV, blocks_needed
 from .errors import DuplicateSequence, InvalidArgument, InvalidState, OutOfBlocks, UnknownSequence
 
@@ -66,10 +67,9 @@ class KVSpec:
 
     def __init__(self, num_blocks: int, block_size: int, *, num_cpu_blocks: int = 0,
                  prefix_caching: bool = False):
-        require(is_int(num_blocks) and num_blocks >= 1, f"num_blocks must be >= 1, got {num_blocks!r}")
-        require(is_int(block_size) and block_size >= 1, f"block_size must be >= 1, got {block_size!r}")
-        require(is_int(num_cpu_blocks) and num_cpu_blocks >= 0,
-                 f"num_cpu_blocks must be >= 0, got {num_cpu_blocks!r}")
+        num_blocks = check_int(num_blocks, 1, math.inf, "num_blocks must be >= 1")
+        block_size = check_int(block_size, 1, math.inf, "block_size must be >= 1")
+        num_cpu_blocks = check_int(num_cpu_blocks, 0, math.inf, "num_cpu_blocks must be >= 0")
         require(isinstance(prefix_caching, bool), f"prefix_caching must be True or False, got {prefix_caching!r}")
         self.num_blocks = num_blocks
         self.block_size = block_size

@@ -38,6 +38,7 @@ size the initial row arrays and arena, which grow as a workload needs.
 """
 
 import functools
+import math
 import threading
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -47,7 +48,7 @@ import torch
 
 from pagedkv.spec import (DuplicateSequence, InvalidArgument, InvalidState, InvariantViolation, OutOfBlocks,
                           StepResult, UnknownSequence)
-from pagedkv.spec.arguments import check_block, check_step_tokens, is_int, require
+from pagedkv.spec.arguments import check_block, check_int, check_step_tokens, require
 from pagedkv.spec.blocks import blocks_needed
 
 from .arguments import (check_device, check_prompt, check_token_batch, check_token_counts, marshalled,
@@ -95,14 +96,13 @@ class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, *, num_cpu_blocks: int = 0,
                  prefix_caching: bool = False, device="cpu", max_seqs: int = 256,
                  max_blocks_per_seq: int = 64):
-        require(is_int(num_blocks) and num_blocks >= 1, f"num_blocks must be >= 1, got {num_blocks!r}")
-        require(is_int(block_size) and block_size >= 1, f"block_size must be >= 1, got {block_size!r}")
-        require(is_int(num_cpu_blocks) and num_cpu_blocks >= 0,
-                f"num_cpu_blocks must be >= 0, got {num_cpu_blocks!r}")
+        # Plain ints: an int subclass's operators would otherwise run the pool's ring arithmetic.
+        num_blocks = check_int(num_blocks, 1, math.inf, "num_blocks must be >= 1")
+        block_size = check_int(block_size, 1, math.inf, "block_size must be >= 1")
+        num_cpu_blocks = check_int(num_cpu_blocks, 0, math.inf, "num_cpu_blocks must be >= 0")
         require(isinstance(prefix_caching, bool), f"prefix_caching must be True or False, got {prefix_caching!r}")
-        require(is_int(max_seqs) and max_seqs >= 1, f"max_seqs must be >= 1, got {max_seqs!r}")
-        require(is_int(max_blocks_per_seq) and max_blocks_per_seq >= 1,
-                f"max_blocks_per_seq must be >= 1, got {max_blocks_per_seq!r}")
+        max_seqs = check_int(max_seqs, 1, math.inf, "max_seqs must be >= 1")
+        max_blocks_per_seq = check_int(max_blocks_per_seq, 1, math.inf, "max_blocks_per_seq must be >= 1")
         self.device = check_device(device)
         self.num_blocks, self.block_size, self.num_cpu_blocks = num_blocks, block_size, num_cpu_blocks
         self.prefix_caching = prefix_caching

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from pagedkv.spec import SWAPPED, InvalidArgument, InvalidState, UnknownSequence
-from pagedkv.spec.arguments import MAX_TOKEN, is_int, require
+from pagedkv.spec.arguments import MAX_TOKEN, check_int, is_int, require
 
 from pagedkv.impl.alloc import BlockManager, Copies
 from pagedkv.spec.blocks import blocks_needed
@@ -46,41 +46,42 @@ class SchedulerConfig:
     kv_bytes_per_token: int = 131_072      # K and V of one token over all layers: Llama-3-8B in bf16
 
     def __post_init__(self):
-        # Frozen: the plain ints are set through object.__setattr__ (an int subclass's operators
-        # would otherwise answer every later comparison and sum).
-        object.__setattr__(self, "max_num_seqs", _plain_int(self.max_num_seqs, 1, math.inf,
+        # Frozen: the plain values are set through object.__setattr__ (an int or float subclass's
+        # operators would otherwise answer every later comparison, sum and product).
+        object.__setattr__(self, "max_num_seqs", check_int(self.max_num_seqs, 1, math.inf,
                                                             "max_num_seqs must be an int >= 1"))
-        require(_is_real(self.watermark) and 0 <= self.watermark < 1,
+        watermark = _plain_real(self.watermark)
+        require(watermark is not None and 0 <= watermark < 1,
                 f"watermark must be a fraction in [0, 1), got {self.watermark!r}")
+        object.__setattr__(self, "watermark", watermark)
         for name in ("prefill_tokens_per_s", "swap_bytes_per_s"):
-            value = getattr(self, name)
-            require(_is_real(value) and 0 < value < math.inf, f"{name} must be a positive number, got {value!r}")
-        object.__setattr__(self, "kv_bytes_per_token", _plain_int(self.kv_bytes_per_token, 1, math.inf,
+            value = _plain_real(getattr(self, name))
+            require(value is not None and 0 < value < math.inf,
+                    f"{name} must be a positive number, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "kv_bytes_per_token", check_int(self.kv_bytes_per_token, 1, math.inf,
                                                                   "kv_bytes_per_token must be an int >= 1"))
 
 
-def _is_real(value) -> bool:
-    """A real number that is not a bool (NaN fails every comparison the checks make)."""
-    return isinstance(value, Real) and not isinstance(value, bool)
-
-
-def _plain_int(value, low, high, message: str) -> int:
-    """`value` as a plain int in low..high: an int, an int subclass by its value (read by
-    `int.__index__`: its own operators may disagree with it); anything else raises
-    InvalidArgument(message + what it got). The range is checked on the plain int."""
-    if is_int(value):
-        plain = int.__index__(value)
-        if low <= plain <= high:
-            return plain
-    raise InvalidArgument(f"{message}, got {value!r}")
+def _plain_real(value):
+    """A real number that is not a bool as a plain float, read by value (a float or int subclass's
+    own operators may disagree with it), or None. NaN then fails every comparison the checks make."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        return None
+    if isinstance(value, float):
+        return float.__float__(value)
+    try:
+        return float(int.__index__(value)) if isinstance(value, int) else float(value)
+    except OverflowError:   # an int past a float's range
+        return math.inf
 
 
 def plain_token(token, what: str = "token") -> int:
-    """A token id as a plain int in 0..2**63-1 (`_plain_int`); a numpy integer scalar (what a
+    """A token id as a plain int in 0..2**63-1 (`check_int`); a numpy integer scalar (what a
     sampler's argmax gives) passes too."""
     if type(token) is int and 0 <= token <= MAX_TOKEN:   # the common case, no message formatted
         return token
-    return _plain_int(int(token) if isinstance(token, np.integer) else token, 0, MAX_TOKEN,
+    return check_int(int(token) if isinstance(token, np.integer) else token, 0, MAX_TOKEN,
                       f"a {what} is an int in 0..2**63-1")
 
 
@@ -124,6 +125,9 @@ class Scheduler:
     def __init__(self, block_manager: BlockManager, config: SchedulerConfig = SchedulerConfig()):
         require(isinstance(block_manager, BlockManager), f"a Scheduler runs a BlockManager, got {block_manager!r}")
         require(isinstance(config, SchedulerConfig), f"config must be a SchedulerConfig, got {config!r}")
+        # The scheduler hands out the sequence ids: a manager holding sequences would collide with them.
+        require(not block_manager.seq_ids(), "a Scheduler needs a BlockManager that holds no sequences, "
+                                             f"got one holding {block_manager.seq_ids()[:5]}")
         self.bm, self.config = block_manager, config
         self.waiting: deque = deque()     # requests not yet admitted, FIFO
         self.preempted: deque = deque()   # seq ids preempted by recompute, earliest admitted first
@@ -139,8 +143,8 @@ class Scheduler:
                     eos: Optional[int] = None) -> list:
         """Queue a request for `n` samples of `prompt`; returns their sequence ids."""
         # n samples are admitted together, one sequence slot each: more than max_num_seqs would wait forever.
-        n = _plain_int(n, 1, self.config.max_num_seqs, f"n must be an int in [1, max_num_seqs={self.config.max_num_seqs}]")
-        max_new_tokens = _plain_int(max_new_tokens, 1, math.inf, "max_new_tokens must be an int >= 1")
+        n = check_int(n, 1, self.config.max_num_seqs, f"n must be an int in [1, max_num_seqs={self.config.max_num_seqs}]")
+        max_new_tokens = check_int(max_new_tokens, 1, math.inf, "max_new_tokens must be an int >= 1")
         require(isinstance(prompt, (list, tuple)) and len(prompt) > 0,
                 f"a prompt is a non-empty list of tokens, got {type(prompt).__name__}")
         prompt = [plain_token(token) for token in prompt]
@@ -160,8 +164,8 @@ class Scheduler:
 
     def can_ever_fit(self, prompt_len: int, max_new_tokens: int) -> bool:
         """Whether one sample with this prompt and output fits the pool above the watermark alone."""
-        prompt_len = _plain_int(prompt_len, 0, math.inf, "lengths are ints >= 0")
-        max_new_tokens = _plain_int(max_new_tokens, 0, math.inf, "lengths are ints >= 0")
+        prompt_len = check_int(prompt_len, 0, math.inf, "lengths are ints >= 0")
+        max_new_tokens = check_int(max_new_tokens, 0, math.inf, "lengths are ints >= 0")
         needed = blocks_needed(prompt_len + max_new_tokens, self.bm.block_size)
         return needed <= self.bm.num_blocks - self.watermark_blocks
 

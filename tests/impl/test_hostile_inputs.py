@@ -234,6 +234,38 @@ def test_manager_construction_refuses(kwargs):
         BlockManager(**{"num_blocks": 4, "block_size": 2, **kwargs})
 
 
+class Inflated(int):
+    """An int whose arithmetic and comparisons disagree with its value."""
+
+    def __add__(self, other):
+        return int(self) + other + 3
+
+    __radd__ = __add__
+
+    def __mod__(self, other):
+        return 0
+
+    def __ge__(self, other):
+        return True
+
+    def __lt__(self, other):
+        return True
+
+
+@pytest.mark.parametrize("subject", [KVSpec, BlockManager])
+def test_constructor_sizes_are_stored_as_plain_ints(subject):
+    """A pool sized by an int subclass ran its ring arithmetic through the subclass's operators: a
+    successful free put block ids past a 4-block pool on the free list."""
+    pool = subject(Inflated(4), Inflated(2), num_cpu_blocks=Inflated(1))
+    assert [type(size) for size in (pool.num_blocks, pool.block_size, pool.num_cpu_blocks)] == [int] * 3
+    pool.add(1, [1, 2, 3])
+    pool.free(1)
+    pool.check()
+    assert pool.num_free_blocks() == 4
+    with pytest.raises(InvalidArgument, match="num_blocks must be >= 1"):
+        subject(Inflated(0), 2)                   # >= 1 by its comparison, 0 by value
+
+
 @pytest.mark.parametrize("value", ["no", 1, None, np.bool_(True)])
 def test_spec_and_manager_refuse_a_non_bool_prefix_caching(value):
     """`prefix_caching="no"` used to switch caching on (a truthy string), in both."""
@@ -257,6 +289,41 @@ def test_cuda_without_cuda_is_a_typed_error():
 def test_scheduler_config_refuses(field, value):
     with pytest.raises(InvalidArgument, match=field):
         SchedulerConfig(**{field: value})
+
+
+class Scaled(float):
+    """A float whose products and comparisons disagree with its value."""
+
+    def __mul__(self, other):
+        return -100.0
+
+    __rmul__ = __mul__
+
+    def __ge__(self, other):
+        return True
+
+    def __lt__(self, other):
+        return True
+
+
+def test_scheduler_config_reads_reals_by_value():
+    """A watermark whose product with the pool read -100 blocks over-committed admission and
+    wedged every later schedule()."""
+    config = SchedulerConfig(watermark=Scaled(0.25), prefill_tokens_per_s=Scaled(8.0), swap_bytes_per_s=np.float32(4))
+    assert (type(config.watermark), config.watermark, config.prefill_tokens_per_s) == (float, 0.25, 8.0)
+    assert type(config.swap_bytes_per_s) is float and Scheduler(BlockManager(8, 2), config).watermark_blocks == 2
+    for bad in (Scaled(-1.0), Scaled(1.0), 10**400):
+        with pytest.raises(InvalidArgument, match="watermark"):
+            SchedulerConfig(watermark=bad)
+
+
+def test_a_scheduler_refuses_a_manager_that_already_holds_sequences():
+    """The scheduler numbers sequences from 0: on a manager holding sequence 0 every schedule()
+    failed with DuplicateSequence, for good."""
+    bm = BlockManager(8, 2)
+    bm.add(0, [1])
+    with pytest.raises(InvalidArgument, match="holds no sequences"):
+        Scheduler(bm)
 
 
 @pytest.mark.parametrize("args", [(None,), ("bm",), (KVSpec(4, 2),), (BlockManager(4, 2), {"watermark": 0.1})])

@@ -87,12 +87,15 @@ def test_swap_needs_room_in_the_cpu_pool():
 
 
 def test_cost_model_compares_recompute_time_with_twice_the_transfer():
-    bm = BlockManager(8, 4, num_cpu_blocks=8)
-    bm.add(0, list(range(8)))                                 # 8 tokens, 2 blocks
-    config = SchedulerConfig(prefill_tokens_per_s=8.0, kv_bytes_per_token=1, swap_bytes_per_s=16.0)
-    assert Scheduler(bm, config).preempt_mode(0) == "recompute"   # 1 s recompute vs 2*8/16 = 1 s swap
-    faster_link = SchedulerConfig(prefill_tokens_per_s=8.0, kv_bytes_per_token=1, swap_bytes_per_s=17.0)
-    assert Scheduler(bm, faster_link).preempt_mode(0) == "swap"
+    def admitted(swap_bytes_per_s):
+        scheduler = Scheduler(BlockManager(8, 4, num_cpu_blocks=8), SchedulerConfig(
+            prefill_tokens_per_s=8.0, kv_bytes_per_token=1, swap_bytes_per_s=swap_bytes_per_s))
+        scheduler.add_request("r", list(range(8)), 4)          # 8 tokens, 2 blocks
+        assert scheduler.schedule().seq_ids == [0]
+        return scheduler
+
+    assert admitted(16.0).preempt_mode(0) == "recompute"      # 1 s recompute vs 2*8/16 = 1 s swap
+    assert admitted(17.0).preempt_mode(0) == "swap"
 
 
 def test_blocks_shared_with_others_are_not_counted_as_freed():
