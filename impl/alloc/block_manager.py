@@ -665,7 +665,7 @@ class BlockManager:
             filled = run.at_offset((B - 1 - step) % B)
             if len(filled):
                 tails = slots[filled] // B
-                self.cache.fill(tails, run.parents[filled])
+                self.cache.fill_arrays(tails, run.parents[filled])
                 run.parents[filled] = tails   # what their next filled blocks follow
         return []
 
@@ -718,7 +718,7 @@ class BlockManager:
             parents = self.rows.blocks_at(rows, held - 2)
         else:
             parents = np.where(held > 1, self.rows.blocks_at(rows, np.maximum(held - 2, 0)), -1)
-        self.cache.fill(tails, parents)
+        self.cache.fill_arrays(tails, parents)
 
     def _copy_on_write(self, rows, src, dst) -> list:
         if not len(rows):

@@ -51,6 +51,7 @@ class PrefixCache:
     def __init__(self, journal, block_tokens: np.ndarray):
         self.journal = journal
         self.block_tokens = block_tokens                 # the pool's: the manager writes it
+        self.block_words = block_tokens.view(np.uint64)  # the same as uint64, what the block hash reads
         num_blocks, block_size = block_tokens.shape
         self.keys = ContentKeys(block_size)
         # block_node with one more item, -1, after it: a parent -1 (a root) reads no node there.
@@ -168,12 +169,15 @@ class PrefixCache:
         """Index each of `blocks`, in order, which just became full after the block `parents[i]`
         (-1: a sequence's first block; else a block indexed before, or an earlier one of these).
         A block already indexed keeps its content."""
-        blocks = np.asarray(blocks, dtype=np.int64)
-        parents = np.asarray(parents, dtype=np.int64)
+        self.fill_arrays(np.asarray(blocks, dtype=np.int64), np.asarray(parents, dtype=np.int64))
+
+    def fill_arrays(self, blocks: np.ndarray, parents: np.ndarray) -> None:
+        """`fill` of int64 arrays, as a decode step has them (no conversion: each numpy call is
+        the cost there)."""
         n = len(blocks)
         if not n:
             return
-        hashes = self.keys.block_hashes(self.block_tokens.take(blocks, axis=0))   # (a fancy gather costs more)
+        hashes = self.keys.word_hashes(self.block_words.take(blocks, axis=0))   # (a fancy gather costs more)
         if not _all_none(self.block_node[blocks]):   # one already indexed
             self._fill_sequentially(blocks, parents, hashes)
         elif n > 1 and parents[1] == blocks[0] and parents[1:].tobytes() == blocks[:-1].tobytes():
