@@ -643,6 +643,8 @@ class BlockManager:
         B = self.block_size
         if run.order is None:
             run.phases(B)
+            if self.cache is not None:
+                run.parents = self._last_full_blocks(rows, run.lens)
         step = run.steps + 1
         needy = run.at_offset(-step % B)
         self._require_free(len(needy))
@@ -658,8 +660,16 @@ class BlockManager:
         if self.cache is not None:
             filled = run.at_offset((B - 1 - step) % B)
             if len(filled):
-                self._index_filled_tails(rows[filled], slots[filled] // B)
+                tails = slots[filled] // B
+                self.cache.fill_arrays(tails, run.parents[filled])
+                run.parents[filled] = tails   # what their next filled blocks follow
         return []
+
+    def _last_full_blocks(self, rows: np.ndarray, lens: np.ndarray) -> np.ndarray:
+        """The last full block of each row's table (-1: none is full), of these lengths: what the
+        block each row fills next follows in the prefix index."""
+        full = lens // self.block_size
+        return np.where(full > 0, self.rows.blocks_at(rows, np.maximum(full - 1, 0)), -1)
 
     def _write_appended(self, rows: np.ndarray, tokens: np.ndarray, slots: np.ndarray, lens: np.ndarray) -> np.ndarray:
         """Write each row's new token to its slot and count it (`lens`: the rows' lengths before);
@@ -704,7 +714,7 @@ class BlockManager:
             parents = self.rows.blocks_at(rows, held - 2)
         else:
             parents = np.where(held > 1, self.rows.blocks_at(rows, np.maximum(held - 2, 0)), -1)
-        self.cache.fill(tails, parents)
+        self.cache.fill_arrays(tails, parents)
 
     def _copy_on_write(self, rows, src, dst) -> list:
         if not len(rows):

@@ -38,7 +38,11 @@ class ContentKeys:
 
     def block_hashes(self, rows: np.ndarray) -> np.ndarray:
         """uint64 hash of each row of an [n, block_size] int64 array of tokens."""
-        h = rows.view(np.uint64) @ self.multipliers   # integer matmul wraps mod 2**64, as a sum would
+        return self.word_hashes(rows.view(np.uint64))
+
+    def word_hashes(self, words: np.ndarray) -> np.ndarray:
+        """`block_hashes` of the tokens viewed as uint64 (a decode step reads a view made once)."""
+        h = words @ self.multipliers   # integer matmul wraps mod 2**64, as a sum would
         h ^= h >> _FOLD   # one pass: a decode step pays for each
         return h
 

@@ -51,6 +51,7 @@ class PrefixCache:
     def __init__(self, journal, block_tokens: np.ndarray):
         self.journal = journal
         self.block_tokens = block_tokens                 # the pool's: the manager writes it
+        self.block_words = block_tokens.view(np.uint64)  # the same as uint64, what the block hash reads
         num_blocks, block_size = block_tokens.shape
         self.keys = ContentKeys(block_size)
         # block_node with one more item, -1, after it: a parent -1 (a root) reads no node there.
@@ -168,12 +169,15 @@ class PrefixCache:
         """Index each of `blocks`, in order, which just became full after the block `parents[i]`
         (-1: a sequence's first block; else a block indexed before, or an earlier one of these).
         A block already indexed keeps its content."""
-        blocks = np.asarray(blocks, dtype=np.int64)
-        parents = np.asarray(parents, dtype=np.int64)
+        self.fill_arrays(np.asarray(blocks, dtype=np.int64), np.asarray(parents, dtype=np.int64))
+
+    def fill_arrays(self, blocks: np.ndarray, parents: np.ndarray) -> None:
+        """`fill` of int64 arrays, as a decode step has them (no conversion: each numpy call is
+        the cost there)."""
         n = len(blocks)
         if not n:
             return
-        hashes = self.keys.block_hashes(self.block_tokens.take(blocks, axis=0))   # (a fancy gather costs more)
+        hashes = self.keys.word_hashes(self.block_words.take(blocks, axis=0))   # (a fancy gather costs more)
         if not _all_none(self.block_node[blocks]):   # one already indexed
             self._fill_sequentially(blocks, parents, hashes)
         elif n > 1 and parents[1] == blocks[0] and parents[1:].tobytes() == blocks[:-1].tobytes():
@@ -295,7 +299,10 @@ class PrefixCache:
         else:
             new = (np.fromiter(chain(reused, range(start, start + fresh)), np.int64, n) if reused
                    else np.arange(start, start + n, dtype=np.int64))
-            extended = parent_nodes if NONE not in parent_nodes.tolist() else parent_nodes[parent_nodes != NONE]
+            listed = parent_nodes.tolist()
+            extended = parent_nodes if NONE not in listed else parent_nodes[parent_nodes != NONE]
+            # Distinct parents (a decode step's, as a rule) take one write, cheaper than `np.add.at`.
+            distinct = len(set(listed)) == n
         # Fresh ids only (a decode step's, while no content has died): a slice, and nothing to save.
         at, saved = (new, (self.node_key[new], self.node_holder[new], self.node_children[new])) if reused else \
             (slice(start, start + n), None)
@@ -320,7 +327,9 @@ class PrefixCache:
         else:
             if reused:   # (a fresh id has no children)
                 self.node_children[at] = 0
-            if extended is not None:
+            if distinct:
+                self.node_children[extended] = counts + 1
+            elif extended is not None:
                 np.add.at(self.node_children, extended, 1)   # (two new contents may follow one node)
         return True
 

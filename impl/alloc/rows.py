@@ -409,14 +409,16 @@ class DecodeRun:
     Each append of the same batch after it moves every row one slot on, so a row starts a new
     block every B appends, in step with the rows whose slots had the same offset in their block:
     `phases` sorts the positions by that offset (at `steps` == 0, when built), so the rows that
-    start or fill a block at an append are one slice of it, found with no pass over the batch."""
+    start or fill a block at an append are one slice of it, found with no pass over the batch.
+    With prefix caching, `parents[i]` is the last full block of rows[i] (-1: none), which the
+    block it fills next follows (kept by the manager's appends, from the phases on)."""
 
-    __slots__ = ("rows", "slots", "lens", "stamp", "steps", "order", "bounds")
+    __slots__ = ("rows", "slots", "lens", "stamp", "steps", "order", "bounds", "parents")
 
     def __init__(self, rows: np.ndarray, slots: np.ndarray, lens: np.ndarray, stamp: int):
         self.rows, self.slots, self.lens, self.stamp = rows, slots, lens, stamp
         self.steps = 0
-        self.order = self.bounds = None   # built by the first append that needs them
+        self.order = self.bounds = self.parents = None   # built by the first append that needs them
 
     def phases(self, block_size: int) -> None:
         offsets = self.slots % block_size
