@@ -19,6 +19,7 @@ KV_DTYPE_CHOICES = ("auto", *DTYPES, *DTYPE_ALIASES)
 MAX_POOL_GIB = 2**20          # 1 PiB per device: far above any accelerator, far below float overflow
 MAX_POOL_BYTES = MAX_POOL_GIB * 2**30
 MAX_TOKENS = 2**31            # the longest context any engine indexes with int32 positions
+MAX_LAYERS, MAX_WIDTH = 10_000, 65_536   # --layers; --kv-heads and --head-dim (a config's fields too)
 
 
 def model_shape(path: str) -> dict:
@@ -37,22 +38,27 @@ def model_shape(path: str) -> dict:
         fail("field 'kv_lora_rank': this model caches a compressed latent (MLA), not per-head K and V; "
              "plan sizes per-head KV caches only")
 
-    def positive(field, value=None):
-        value = config.get(field) if value is None else value
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            fail(f"field '{field}' must be a positive integer, got {value!r}")
+    def positive(field, most=MAX_WIDTH):
+        """A field within the bounds the matching option has (a config is no more trusted)."""
+        value = config.get(field)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+            fail(f"field '{field}' must be an integer in 1..{most}, got {value!r}")
         return value
 
-    layers = positive("num_hidden_layers")
+    layers = positive("num_hidden_layers", MAX_LAYERS)
     if config.get("head_dim") is not None:
         head_dim = positive("head_dim")
     else:
-        hidden, heads = positive("hidden_size"), positive("num_attention_heads")
+        hidden, heads = positive("hidden_size", 2**31), positive("num_attention_heads")
         if hidden % heads:
             fail(f"no field 'head_dim', and hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
         head_dim = hidden // heads
     # Hugging Face: without num_key_value_heads every attention head has its own K and V (no GQA).
     kv_heads = positive("num_key_value_heads" if "num_key_value_heads" in config else "num_attention_heads")
+    if "num_attention_heads" in config:
+        heads = positive("num_attention_heads")
+        if heads % kv_heads:   # every attention implementation groups query heads over the KV heads
+            fail(f"field 'num_key_value_heads' is {kv_heads}, which does not divide num_attention_heads {heads}")
     shape = {"layers": layers, "kv_heads": kv_heads, "head_dim": head_dim, "dtype": None}
     # transformers >= 4.56 writes `dtype`; older configs `torch_dtype`.
     dtype_field = "dtype" if "dtype" in config else "torch_dtype"
@@ -108,9 +114,9 @@ def shape_options(function):
         click.option("--model-config", type=InputFile(), metavar="CONFIG_JSON",
                      help="Take layers, KV heads, head_dim and dtype from a Hugging Face config.json "
                           "(options given explicitly take precedence)."),
-        click.option("--layers", type=click.IntRange(1, 10_000), help="Transformer layers."),
-        click.option("--kv-heads", type=click.IntRange(1, 65_536), help="KV heads of the whole model (GQA groups)."),
-        click.option("--head-dim", type=click.IntRange(1, 65_536), help="Width of one head."),
+        click.option("--layers", type=click.IntRange(1, MAX_LAYERS), help="Transformer layers."),
+        click.option("--kv-heads", type=click.IntRange(1, MAX_WIDTH), help="KV heads of the whole model (GQA groups)."),
+        click.option("--head-dim", type=click.IntRange(1, MAX_WIDTH), help="Width of one head."),
         click.option("--kv-cache-dtype", "--dtype", "dtype", type=click.Choice(KV_DTYPE_CHOICES),
                      help="Storage type of the KV cache; auto (vLLM's default): the model config's dtype."),
     )):

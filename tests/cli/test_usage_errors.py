@@ -73,7 +73,7 @@ CASES = [
     (lambda f: ["plan", "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--dtype", "bf16",
                 "--block-size", "16", "--pool-gib", "1e300"], "'--pool-gib': 1e+300 is not in the range 0<x<=1048576"),
     (lambda f: ["plan", "--model-config", str(f["config"]), "--block-size", "16", "--pool-gib", "8"],
-     "field 'num_hidden_layers' must be a positive integer, got 0"),
+     "field 'num_hidden_layers' must be an integer in 1..10000, got 0"),
     (lambda f: ["plan", "--model-config", str(f["deep"]), "--block-size", "16", "--pool-gib", "8"],
      "JSON nested too deeply"),
     (lambda f: ["plan", "--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--block-size", "16",

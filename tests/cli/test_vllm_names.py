@@ -70,7 +70,13 @@ def test_explicit_options_override_the_config(tmp_path):
 
 
 @pytest.mark.parametrize("config, message", [
-    ({"num_attention_heads": 32, "hidden_size": 4096}, "field 'num_hidden_layers' must be a positive integer, got None"),
+    ({"num_attention_heads": 32, "hidden_size": 4096}, "field 'num_hidden_layers' must be an integer in 1..10000, got None"),
+    ({"num_hidden_layers": 10**22, "num_attention_heads": 32, "hidden_size": 4096},
+     "field 'num_hidden_layers' must be an integer in 1..10000"),
+    ({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 64, "hidden_size": 4096},
+     "field 'num_key_value_heads' is 64, which does not divide num_attention_heads 32"),
+    ({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 5, "hidden_size": 4096},
+     "field 'num_key_value_heads' is 5, which does not divide num_attention_heads 32"),
     ({"num_hidden_layers": 32, "num_attention_heads": 24, "hidden_size": 4000}, "not a multiple of num_attention_heads"),
     ({"num_hidden_layers": 32, "num_attention_heads": 32, "hidden_size": 4096, "torch_dtype": "int8"},
      "field 'torch_dtype' is 'int8'"),
