@@ -136,16 +136,19 @@ def test_preempted_sequences_come_back_and_finish():
         scheduler = Scheduler(bm, config)
         for name in "abc":
             scheduler.add_request(name, [1, 2, 3], 6)
-        finished, seen = [], set()
+        finished, seen, samples = [], set(), {0: 0, 1: 0, 2: 0}
         for _ in range(60):
             out = scheduler.schedule()
             seen |= {"preempted"} if out.preempted else set()
             seen |= {"swapped"} if out.swapped_in else set()
-            finished += scheduler.update({s: 5 for s in out.seq_ids + list(out.forked)})
+            ran = out.seq_ids + list(out.forked)
+            for seq_id in ran:
+                samples[seq_id] += 1
+            finished += scheduler.update({s: 5 for s in ran})
             bm.check()
             if not scheduler.has_unfinished():
                 break
-        assert sorted(finished) == [0, 1, 2]
+        assert sorted(finished) == [0, 1, 2] and samples == {0: 6, 1: 6, 2: 6}   # 6 new tokens each
         assert seen == ({"preempted"} if cpu == 0 else {"swapped"})
         assert bm.seq_ids() == [] and bm.num_free_blocks() == 6
 
@@ -155,11 +158,13 @@ def test_random_workload_runs_to_completion_without_leaks():
     bm = BlockManager(40, 4, num_cpu_blocks=12, prefix_caching=True)
     scheduler = Scheduler(bm, SchedulerConfig(watermark=0.05, max_num_seqs=8, prefill_tokens_per_s=50.0,
                                               kv_bytes_per_token=64, swap_bytes_per_s=1e5))
-    lengths = {}
+    lengths, wanted = {}, {}
     for i in range(12):
+        max_new_tokens = rng.randrange(1, 20)
         ids = scheduler.add_request(i, [1, 2, 3, 4] + [rng.randrange(9) for _ in range(rng.randrange(1, 12))],
-                                    max_new_tokens=rng.randrange(1, 20), n=rng.choice([1, 1, 2]))
+                                    max_new_tokens=max_new_tokens, n=rng.choice([1, 1, 2]))
         lengths.update({s: 0 for s in ids})
+        wanted.update({s: max_new_tokens for s in ids})
     for _ in range(500):
         if not scheduler.has_unfinished():
             break
@@ -171,15 +176,17 @@ def test_random_workload_runs_to_completion_without_leaks():
             lengths[s] = -lengths[s]   # mark finished
         bm.check()
     assert not scheduler.has_unfinished()
-    assert all(n < 0 for n in lengths.values())
+    # No eos and no sequence outgrows the pool: each finished on exactly its max_new_tokens-th sample.
+    assert {s: -n for s, n in lengths.items()} == wanted
     assert bm.num_free_blocks() == 40 and bm.num_free_cpu_blocks() == 12
 
 
 @pytest.mark.parametrize("kwargs", [{"max_new_tokens": 0}, {"n": 0}, {"prompt": []}])
 def test_bad_requests_are_refused(kwargs):
     scheduler = Scheduler(BlockManager(4, 2))
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidArgument):
         scheduler.add_request("a", **{"prompt": [1], "max_new_tokens": 2, **kwargs})
+    assert not scheduler.waiting and scheduler.next_seq_id == 0 and not scheduler.request_of
 
 
 def test_prompt_that_can_never_fit_is_refused_up_front():
