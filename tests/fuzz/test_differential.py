@@ -26,6 +26,17 @@ def test_run_differential_check_reports():
     assert "examples" in report["covered"]
 
 
+def test_run_differential_check_reports_a_divergence(monkeypatch):
+    """A BlockManager that miscounts its evictable blocks once any exist is reported as failed,
+    with the divergence and a counterexample, not raised."""
+    counted = BlockManager.num_evictable_blocks
+    monkeypatch.setattr(BlockManager, "num_evictable_blocks", lambda self: counted(self) * 2)
+    report = run_differential_check("ci", max_examples=50, stateful_step_count=20,
+                                    phases=(Phase.generate,))   # the first failure, unshrunk
+    assert not report["passed"] and "divergence" in report["detail"], report
+    assert report["counterexamples"], report
+
+
 def test_unknown_profile_is_refused():
     with pytest.raises(ValueError):
         run_differential_check("nightly")
