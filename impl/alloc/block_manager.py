@@ -180,11 +180,10 @@ class BlockManager:
         """Finish or cancel a sequence in any status and release everything it holds."""
         row = self._row(seq_id)
         seq = self.rows.seq[row]
-        self.pool.release(self.rows.table_view(row))
         if seq.cpu_block_table:   # only while swapped
             self.cpu_pool.release(seq.cpu_block_table)
         self.journal.pop_ordered(self.row_of, seq.seq_id, self._creation)
-        self.rows.recycle(row)
+        self.pool.release(self.rows.recycle(row))
 
     @atomic
     def preempt(self, seq_id: int, mode: str = "recompute") -> list:
