@@ -55,12 +55,14 @@ def check_prompt(tokens) -> np.ndarray:
     tuple of ints, or a 1-d integer numpy array or tensor (checked in a few vectorised passes; a
     list in one C pass when it can be). An int64 array comes back as itself: the manager only
     reads it during the call."""
-    if isinstance(tokens, (np.ndarray, torch.Tensor)):
+    if not isinstance(tokens, (list, tuple)):   # (tested first: `isinstance(_, torch.Tensor)` costs ~4x)
+        if not isinstance(tokens, (np.ndarray, torch.Tensor)):
+            raise InvalidArgument(f"a prompt is a non-empty list of tokens, got {_short(tokens)}")
         array = check_token_batch(tokens)
         if not len(array):
             raise InvalidArgument("a prompt has at least one token")
         return array
-    if not (isinstance(tokens, (list, tuple)) and len(tokens) > 0):
+    if not len(tokens):
         raise InvalidArgument(f"a prompt is a non-empty list of tokens, got {_short(tokens)}")
     array = _small_plain_ints(tokens)
     if array is not None:
