@@ -547,7 +547,7 @@ class BlockManager:
     def _save_counters(self) -> None:
         """A transaction's first undo record (`journal.atomic` calls it): the creation and admission
         stamps and the stats, which operations then change unrecorded."""
-        self.journal.undo.append((self._restore_counters, (self._creations, self._admissions, dict(self.stats))))
+        self.journal.undo.append((self._restore_counters, (self._creations, self._admissions, self.stats.copy())))
 
     def _restore_counters(self, creations: int, admissions: int, stats: dict) -> None:
         self._creations, self._admissions = creations, admissions

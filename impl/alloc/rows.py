@@ -40,7 +40,9 @@ FREE_FIELDS = tuple(fill for _, fill in ROW_ARRAYS.values())       # a free row'
 
 def capacity_for(blocks: int) -> int:
     """The segment size a table of `blocks` blocks lives in (0: an empty table needs none)."""
-    return 0 if blocks == 0 else max(MIN_CAPACITY, 1 << (blocks - 1).bit_length())
+    if blocks > MIN_CAPACITY:   # (no max(): a builtin call costs about what the rest does)
+        return 1 << (blocks - 1).bit_length()
+    return MIN_CAPACITY if blocks else 0
 
 
 class RowTables:
@@ -101,8 +103,8 @@ class RowTables:
         """One undo record for what an operation may then change about `row` directly, unrecorded:
         its fields, its record, its place on the free-row list, the arena's used and live counts.
         (Arena slots and arrays replaced whole are recorded where they are written.) Every
-        operation saves each row it changes this way, once, before changing it; `take` saves the
-        row it hands out."""
+        operation saves each row it changes this way, once, before changing it; `take` records the
+        free row it hands out as holding FREE_FIELDS (what a free row holds), reading nothing."""
         # The fields in ROW_ARRAYS order, read one by one (a loop over the arrays costs twice this).
         fields = (self.seq_len[row], self.num_held[row], self.admitted[row], self.row_status[row], self.start[row],
                   self.capacity[row])
