@@ -180,11 +180,10 @@ class BlockManager:
         """Finish or cancel a sequence in any status and release everything it holds."""
         row = self._row(seq_id)
         seq = self.rows.seq[row]
-        self.pool.release(self.rows.table_view(row))
         if seq.cpu_block_table:   # only while swapped
             self.cpu_pool.release(seq.cpu_block_table)
         self.journal.pop_ordered(self.row_of, seq.seq_id, self._creation)
-        self.rows.recycle(row)
+        self.pool.release(self.rows.recycle(row))
 
     @atomic
     def preempt(self, seq_id: int, mode: str = "recompute") -> list:
@@ -544,7 +543,7 @@ class BlockManager:
     def _save_counters(self) -> None:
         """A transaction's first undo record (`journal.atomic` calls it): the creation and admission
         stamps and the stats, which operations then change unrecorded."""
-        self.journal.undo.append((self._restore_counters, (self._creations, self._admissions, dict(self.stats))))
+        self.journal.undo.append((self._restore_counters, (self._creations, self._admissions, self.stats.copy())))
 
     def _restore_counters(self, creations: int, admissions: int, stats: dict) -> None:
         self._creations, self._admissions = creations, admissions
@@ -578,7 +577,7 @@ class BlockManager:
         written = tokens[cached:] if cached else tokens   # what the fresh blocks hold, the last one padded with zeros
         if len(written) < needed * B:
             written = np.concatenate([written, np.zeros(needed * B - len(written), dtype=np.int64)])
-        self._write_blocks(fresh, written.reshape(needed, B))
+        self._write_blocks(fresh, written)
         table = np.concatenate([np.asarray(hits, dtype=np.int64), fresh]) if len(hits) else fresh
         self.rows.place_table(row, table)   # a row `add` or `resume` saved, holding none
         self.rows.seq_len[row] = len(tokens)
@@ -589,10 +588,11 @@ class BlockManager:
             self._fill_cache(table, len(hits), len(tokens) // B)
 
     def _write_blocks(self, blocks, contents: np.ndarray) -> None:
-        """`block_tokens[blocks] = contents` (C-ordered int64 [len(blocks), B]), recorded."""
+        """`block_tokens[blocks] = contents` (int64, len(blocks) * B of them, flat or [len(blocks), B]),
+        recorded. One item of B tokens per block (`put`: some 10% cheaper than an indexed write)."""
         items = self._block_items
         self.journal.undo.append((items.__setitem__, (blocks, items.take(blocks))))
-        items[blocks] = np.ascontiguousarray(contents).view(items.dtype).reshape(len(blocks))
+        items.put(blocks, np.ascontiguousarray(contents).reshape(-1).view(items.dtype))
 
     def _fill_cache(self, table: list, first: int, stop: int) -> None:
         """Record blocks first..stop-1 of a table, all just filled, in the prefix cache in order."""

@@ -3,8 +3,10 @@
 Every block is exactly one of: free (in the free queue), evictable (ref count 0, still indexed in
 the prefix cache, in `evictable` from least to most recently released) or live (ref count > 0).
 The free queue is a ring of block ids (`ring`, read from `head`, `queued` long, wrapping), so an
-allocation takes its blocks as one slice and a release appends a table in one write (two where
-the ring wraps, never index arrays): no Python work per block.
+allocation takes its blocks as one slice and a release appends a table in a few slice writes
+(never index arrays): no Python work per block. The ring is stored twice, end to end (ring[p] ==
+ring[p + num_blocks]), so any run of positions from one below num_blocks is one slice to read,
+even where it wraps; each write goes to both copies.
 
 The evictable LRU is arrays too: `stamp[b]`, block b's release stamp while it is evictable (0
 otherwise), and a log of (block, stamp) entries in release order (`lru_block`, `lru_stamp`, from
@@ -29,7 +31,7 @@ class BlockPool:
         self.journal = journal
         self.ref_count = np.zeros(num_blocks, dtype=np.int32)
         self._ones = np.ones(num_blocks, dtype=np.int32).tobytes()   # ref counts of a table held once
-        self.ring = np.arange(num_blocks, dtype=np.int64)   # the free queue: ring[head], ... (wrapping)
+        self.ring = np.tile(np.arange(num_blocks, dtype=np.int64), 2)   # the free queue, twice: ring[head], ...
         self.head = 0
         self.queued = num_blocks
         self.stamp = np.zeros(num_blocks, dtype=np.int64)      # release stamp while evictable, else 0
@@ -44,7 +46,7 @@ class BlockPool:
     @property
     def free_queue(self) -> list:
         """The never-cached free blocks, oldest first (a copy)."""
-        return self._ring_read(self.head, self.queued).tolist()
+        return self.ring[self.head:self.head + self.queued].tolist()
 
     @property
     def evictable(self) -> list:
@@ -62,30 +64,23 @@ class BlockPool:
         """Blocks an allocation could take now."""
         return self.queued + self.num_evictable
 
-    def _ring_read(self, start: int, count: int) -> np.ndarray:
-        """A copy of ring positions start, start + 1, ... (`count` of them, wrapping): one slice,
-        or two where they wrap (no index arrays)."""
-        end = start + count
-        if end <= self.num_blocks:
-            return self.ring[start:end].copy()
-        return np.concatenate((self.ring[start:], self.ring[:end - self.num_blocks]))
-
     def _ring_write(self, start: int, values: np.ndarray) -> None:
-        """`values` into ring positions start, start + 1, ... (wrapping)."""
-        end = start + len(values)
-        if end <= self.num_blocks:
-            self.ring[start:end] = values
-        else:
-            split = self.num_blocks - start
-            self.ring[start:] = values[:split]
-            self.ring[:end - self.num_blocks] = values[split:]
+        """`values` into ring positions start, start + 1, ... (wrapping; start < num_blocks), in
+        both copies."""
+        ring, n, end = self.ring, self.num_blocks, start + len(values)
+        ring[start:end] = values
+        if end <= n:
+            ring[start + n:end + n] = values
+        else:   # positions past the first copy: their other copy is at the front
+            ring[start + n:] = values[:n - start]
+            ring[:end - n] = values[n - start:]
 
     def take(self, n: int) -> np.ndarray:
         """`n` new blocks with ref count 1 (int64): oldest free first, then evict least recently
         released. The caller has checked that `n <= num_free()`."""
         journal = self.journal
         from_queue = min(n, self.queued)
-        blocks = self._ring_read(self.head, from_queue)
+        blocks = self.ring[self.head:self.head + from_queue].copy()
         if n > from_queue:
             victims = self._evict(n - from_queue)
             self.cache.forget(victims)
@@ -178,7 +173,7 @@ class BlockPool:
             if len(indexed):
                 self._file_evictable(indexed)
         end = (self.head + self.queued) % self.num_blocks
-        overwritten = self._ring_read(end, len(free))
+        overwritten = self.ring[end:end + len(free)].copy()
         journal.undo.append((self._unrelease_refs, (tail_first, old, end, overwritten, self.queued)))
         self.ref_count[tail_first] = left
         self._ring_write(end, free)
@@ -234,6 +229,8 @@ class BlockPool:
         ids = np.concatenate([free, evictable])
         inside = (ids >= 0) & (ids < self.num_blocks)
         problems = [f"gpu block id {b} outside the pool is free or evictable" for b in np.unique(ids[~inside]).tolist()]
+        if not np.array_equal(self.ring[:self.num_blocks], self.ring[self.num_blocks:]):
+            problems.append("the free queue's two copies differ")   # a take would read the wrong one
         homes = np.bincount(ids[inside], minlength=self.num_blocks) + (self.ref_count > 0)
         problems += [f"gpu block {b} is in {homes[b]} of free/evictable/live"
                      for b in np.flatnonzero(homes != 1).tolist()]

@@ -35,11 +35,14 @@ MIN_CAPACITY = 4                                                   # smallest se
 ROW_ARRAYS = {"seq_len": (np.int64, 0), "num_held": (np.int64, 0), "admitted": (np.int64, 0),
               "row_status": (np.int8, UNUSED_CODE), "start": (np.int64, 0), "capacity": (np.int64, 0)}
 _row_arrays = attrgetter(*ROW_ARRAYS)                              # RowTables -> its per-row arrays
+FREE_FIELDS = tuple(fill for _, fill in ROW_ARRAYS.values())       # a free row's fields (`recycle` resets them)
 
 
 def capacity_for(blocks: int) -> int:
     """The segment size a table of `blocks` blocks lives in (0: an empty table needs none)."""
-    return 0 if blocks == 0 else max(MIN_CAPACITY, 1 << (blocks - 1).bit_length())
+    if blocks > MIN_CAPACITY:   # (no max(): a builtin call costs about what the rest does)
+        return 1 << (blocks - 1).bit_length()
+    return MIN_CAPACITY if blocks else 0
 
 
 class RowTables:
@@ -78,25 +81,30 @@ class RowTables:
         if not self.free_rows:
             self._grow_rows()
         row = self.free_rows[-1]
-        self.save_row(row)
+        # `save_row` of a free row, whose fields are known (`FREE_FIELDS`): nothing to read.
+        self.journal.undo.append((self._restore_row, (row, FREE_FIELDS, None, len(self.free_rows), self.used,
+                                                      self.live)))
         self.free_rows.pop()
         self.seq[row] = record
         return row
 
-    def recycle(self, row: int) -> None:
+    def recycle(self, row: int) -> np.ndarray:
+        """Free a row; returns the blocks it held (as `clear_table`). It is left with `FREE_FIELDS`."""
         self.save_row(row)
-        self.clear_table(row)
+        blocks = self.clear_table(row)
+        self.seq_len[row] = self.admitted[row] = 0
         self.seq[row] = None
         self.row_status[row] = UNUSED_CODE
         self.free_rows.append(row)
         self.version += 1   # never undone: a memo of rows only has to see that rows changed
+        return blocks
 
     def save_row(self, row: int) -> None:
         """One undo record for what an operation may then change about `row` directly, unrecorded:
         its fields, its record, its place on the free-row list, the arena's used and live counts.
         (Arena slots and arrays replaced whole are recorded where they are written.) Every
-        operation saves each row it changes this way, once, before changing it; `take` saves the
-        row it hands out."""
+        operation saves each row it changes this way, once, before changing it; `take` records the
+        free row it hands out as holding FREE_FIELDS (what a free row holds), reading nothing."""
         # The fields in ROW_ARRAYS order, read one by one (a loop over the arrays costs twice this).
         fields = (self.seq_len[row], self.num_held[row], self.admitted[row], self.row_status[row], self.start[row],
                   self.capacity[row])
@@ -151,11 +159,13 @@ class RowTables:
         self.live += capacity
         self._stamp(row)
 
-    def clear_table(self, row: int) -> None:
-        """A saved row holds no blocks now (its segment dropped)."""
-        self._drop_segment(row)
+    def clear_table(self, row: int) -> np.ndarray:
+        """A saved row holds no blocks now (its segment dropped); returns the blocks it held, as
+        int32 (a copy an undo record may share: read it, never write it)."""
+        blocks = self._drop_segment(row)
         self.num_held[row] = 0
         self._stamp(row)
+        return blocks
 
     def tails(self, rows: np.ndarray) -> np.ndarray:
         """The last block of each row's table (every row holds at least one)."""
@@ -322,23 +332,26 @@ class RowTables:
         self.start[rows], self.capacity[rows] = starts, caps
         self.used, self.live = used, live
 
-    def _drop_segment(self, row: int) -> None:
+    def _drop_segment(self, row: int) -> np.ndarray:
         """The (saved) row's segment is garbage now (its slots are never read again: a window that
         reads past a narrower segment is reset); compact if three quarters of the arena are garbage.
         The segment placed last is given back to the used end instead (its blocks reset to -1, as
         past `used`): a sequence freed right after its admission, or preempted, leaves no garbage,
-        so admitting and freeing one after another never compacts."""
-        capacity = self.capacity.item(row)
+        so admitting and freeing one after another never compacts. Returns a copy of the row's
+        blocks (the undo of that reset writes them back)."""
+        start, held, capacity = self.start.item(row), self.num_held.item(row), self.capacity.item(row)
+        blocks = self.arena[start:start + held].copy()
         if capacity == 0:
-            return
-        start = self.start.item(row)
+            return blocks
         if start + capacity == self.used:
-            self.journal.assign(self.arena, slice(start, start + self.num_held.item(row)), -1)
+            self.journal.undo.append((self.arena.__setitem__, (slice(start, start + held), blocks)))
+            self.arena[start:start + held] = -1
             self.used = start
         self.capacity[row] = self.start[row] = 0
         self.live -= capacity
         if self.live <= len(self.arena) // 4 and len(self.arena) > self.min_arena:
             self._compact(room=0)
+        return blocks
 
     def _compact(self, room: int) -> None:
         """Copy every live segment, in row order, into a fresh arena of twice their size plus
@@ -398,6 +411,11 @@ class RowTables:
         problems += [f"row {row} is free and live" for row in sorted(set(free) & set(live))]
         if len(set(free)) != len(free) or len(set(free) | set(live)) != len(self):
             problems.append("the free rows and the live rows do not partition the rows")
+        # `take` records a free row as holding FREE_FIELDS without reading them: it must.
+        unused = [row for row, record in enumerate(self.seq) if record is None]
+        fields = np.array([array[unused] for array in _row_arrays(self)]).T if unused else []
+        problems += [f"free row {row} has fields {tuple(f)}, not {FREE_FIELDS}"
+                     for row, f in zip(unused, np.asarray(fields).tolist()) if tuple(f) != FREE_FIELDS][:3]
         return problems
 
 

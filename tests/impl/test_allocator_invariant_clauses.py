@@ -35,6 +35,7 @@ CLAUSES = {
     "lru order": ("conservation", r"the evictable LRU is out of release order"),
     "evictable count": ("conservation", r"the pool counts \d+ evictable blocks, its LRU holds \d+"),
     "release count": ("conservation", r"a release stamp \(\d+\) is past the release count \(-?\d+\)"),
+    "ring copies": ("conservation", r"the free queue's two copies differ"),
     "cpu homes": ("conservation", r"cpu block \d+ is in \d+ of free/held"),
     "cpu id outside": ("conservation", r"cpu block id -?\d+ outside the pool is free or held"),
     # refcount: invariants._refcount_problems
@@ -54,6 +55,7 @@ CLAUSES = {
     "past used": ("table_shape", r"the arena past its used end holds blocks"),
     "free and live": ("table_shape", r"row \d+ is free and live"),
     "row partition": ("table_shape", r"the free rows and the live rows do not partition the rows"),
+    "free row fields": ("table_shape", r"free row \d+ has fields \([-\d, ]+\), not \([-\d, ]+\)"),
     # cache_index: PrefixCache.problems (+ _node_problems, _sibling_problems), invariants._chain_problems
     "filed twice": ("cache_index", r"a content is filed under more than one key"),
     "indexed under dead": ("cache_index", r"block \d+ is indexed under content -?\d+, which is not live"),
@@ -75,12 +77,12 @@ CLAUSES = {
 #: Every function that states clauses, with the clauses it states (counted in its source).
 STATED_BY = {
     BlockPool.problems: ("gpu id outside", "gpu homes", "evictable unindexed", "free indexed", "lru order",
-                         "evictable count", "release count"),
+                         "evictable count", "release count", "ring copies"),
     CpuPool.problems: ("cpu homes", "cpu id outside"),
     invariants._refcount_problems: ("held twice", "table id outside", "ref count"),
     invariants._shape_problems: ("row mapping", "status code", "blocks held", "unmapped row"),
     RowTables.problems: ("segment", "past the table", "segments overlap", "live count", "past used",
-                         "free and live", "row partition"),
+                         "free and live", "row partition", "free row fields"),
     PrefixCache.problems: ("filed twice", "indexed under dead", "not a holder", "live and free",
                            "neither live nor free"),
     PrefixCache._node_problems: ("dead parent", "stray holder", "holder order", "holder tokens", "kept unheld",
@@ -100,7 +102,7 @@ def push_free(bm, block: int) -> None:
     """Put `block` at the back of the free queue (a ring), nothing else changed."""
     pool = bm.pool
     assume(pool.queued < pool.num_blocks)
-    pool.ring[(pool.head + pool.queued) % pool.num_blocks] = block
+    pool._ring_write((pool.head + pool.queued) % pool.num_blocks, np.array([block]))
     pool.queued += 1
 
 
@@ -222,6 +224,12 @@ def free_an_id_outside_the_pool(bm):
     push_free(bm, bm.num_blocks)
 
 
+def change_one_copy_of_a_ring_slot(bm):
+    """The slot just past the free queue's end, in one copy only (the queue itself reads the same)."""
+    pool = bm.pool
+    pool.ring[pool.head + pool.queued] += 1
+
+
 def lose_a_free_block(bm):
     drop_newest_free(bm)
 
@@ -314,6 +322,7 @@ def map_a_sequence_to_a_free_row(bm):
     seq_id = rows.seq[row].seq_id
     bm.row_of[seq_id] = rows.free_rows[-1]
     rows.seq[row], rows.row_status[row] = None, UNUSED_CODE
+    rows.seq_len[row] = rows.admitted[row] = 0   # the rest of a free row's fields, as `recycle` leaves them
     rows.free_rows.insert(0, row)
 
 
@@ -371,6 +380,13 @@ def free_a_live_row(bm):
 def lose_a_free_row(bm):
     assume(bm.rows.free_rows)
     bm.rows.free_rows.pop(0)
+
+
+def keep_a_length_on_a_free_row(bm):
+    """A free row keeps a length (a recycle that missed a field): `take` would restore a row
+    it hands out to other fields than it had."""
+    assume(bm.rows.free_rows)
+    bm.rows.seq_len[bm.rows.free_rows[-1]] = 1
 
 
 # ---------------------------------------------------------------------- corruptions: cache_index
@@ -505,6 +521,7 @@ CORRUPTIONS = [
     Corruption("lru order", reorder_the_lru),
     Corruption("evictable count", miscount_the_evictable),
     Corruption("release count", set_the_release_count_back),
+    Corruption("ring copies", change_one_copy_of_a_ring_slot),
     Corruption("cpu homes", free_a_held_cpu_block),
     Corruption("cpu id outside", free_a_cpu_id_outside_the_pool),
     Corruption("held twice", repeat_a_block_in_a_table),
@@ -521,6 +538,7 @@ CORRUPTIONS = [
     Corruption("past used", write_past_the_used_end),
     Corruption("free and live", free_a_live_row),
     Corruption("row partition", lose_a_free_row),
+    Corruption("free row fields", keep_a_length_on_a_free_row),
     Corruption("filed twice", file_a_content_twice),
     Corruption("indexed under dead", index_under_a_dead_content),
     Corruption("not a holder", index_under_a_content_that_does_not_list_it),

@@ -330,3 +330,33 @@ def test_a_rolled_back_addition_is_not_remembered_by_the_batch_memo():
         bm.transaction(add_read_and_fail)
     with pytest.raises(UnknownSequence):
         bm.block_tables(ids)
+
+
+def test_a_freed_row_is_left_as_a_fresh_one_and_a_rolled_back_take_leaves_it_so():
+    # `take` records the row it hands out as holding FREE_FIELDS (nothing read), so every free row
+    # must hold them: a fresh row, one `free` recycled (length, admission stamp and table reset),
+    # and one a rolled-back `add` gave back.
+    from pagedkv.impl.alloc.rows import FREE_FIELDS, _row_arrays
+    bm = BlockManager(16, 2, max_seqs=2)
+
+    def fields(row):
+        return tuple(array[row].item() for array in _row_arrays(bm.rows))
+
+    bm.add(0, [1, 2, 3])
+    bm.add(1, [4, 5, 6, 7, 8])
+    row = bm.row_of[1]
+    assert fields(row) != FREE_FIELDS
+    bm.free(1)
+    assert fields(row) == FREE_FIELDS and bm.rows.seq[row] is None
+
+    def add_and_fail():
+        bm.add(2, [9, 9, 9])
+        assert bm.row_of[2] == row
+        raise RuntimeError("undo the add")
+
+    with pytest.raises(RuntimeError):
+        bm.transaction(add_and_fail)
+    assert fields(row) == FREE_FIELDS and bm.rows.free_rows[-1] == row
+    bm.check()
+    bm.add(2, [9, 9, 9])   # the row serves again
+    assert bm.row_of[2] == row and bm.tokens(2) == [9, 9, 9]

@@ -72,6 +72,7 @@ def test_the_pool_takes_and_releases_like_a_fifo_of_ref_counts(num_blocks, progr
             assert pool_state(pool) == before
         journal.undo.clear()   # each step commits
         assert pool_state(pool) == (list(free), refs, len(free))
+        assert pool.problems() == []   # the ring's two copies among them, wrapped or not
 
 
 # ------------------------------------------------------------------ blocks written inside a transaction
