@@ -1,10 +1,10 @@
 """Argument checks of the production allocator (the per-value checks are the spec's,
 `pagedkv.spec.arguments`), which also *normalise*: what passes is a plain `int` or an int64 array.
 
-An `int` subclass passes the spec's checks, but may lie: its `__eq__`/`__hash__` could make it
-equal to another prompt's token or sequence id, and numpy converts it through `__int__`, which
-may disagree with its value. `int.__index__(x)` reads the value itself, so everything stored or
-looked up is a plain int.
+An `int` subclass passes the checks, but may lie: its `__eq__`/`__hash__` could make it equal to
+another prompt's token or sequence id, and numpy converts it through `__int__`, which may disagree
+with its value. The spec's checks read the value itself (`int.__index__`) and return it, so
+everything stored or looked up is a plain int.
 """
 
 import marshal
@@ -28,15 +28,7 @@ INT64 = np.dtype(np.int64)
 
 
 def plain_seq_id(seq_id) -> int:
-    if type(seq_id) is int:   # the common case, checked by its type alone
-        return seq_id
-    check_seq_id(seq_id)
-    return int.__index__(seq_id)
-
-
-def plain_token(token) -> int:
-    check_token(token)
-    return token if type(token) is int else int.__index__(token)
+    return seq_id if type(seq_id) is int else check_seq_id(seq_id)   # the common case by its type alone
 
 
 def plain_seq_ids(seq_ids) -> list:
@@ -75,7 +67,7 @@ def check_prompt(tokens) -> np.ndarray:
                 return array
         except OverflowError:
             pass
-    return np.array([plain_token(token) for token in tokens], dtype=np.int64)   # names the bad one
+    return np.array([check_token(token) for token in tokens], dtype=np.int64)   # names the bad one
 
 
 def marshalled(items):
@@ -116,8 +108,8 @@ def check_token_batch(tokens) -> np.ndarray:
             raise InvalidArgument("tokens are ints in 0..2**63-1")
         return tokens
     if isinstance(tokens, torch.Tensor):
-        require(_is_integer_array(tokens), f"a token batch is an integer tensor on the CPU or a CUDA device, "
-                                           f"got {tokens.dtype} on {tokens.device}")
+        require(_is_integer_array(tokens), f"a token batch is a dense integer tensor on the CPU or a CUDA "
+                                           f"device, got {tokens.dtype} ({tokens.layout}) on {tokens.device}")
         tokens = tokens.detach().cpu().numpy()
     if isinstance(tokens, np.ndarray):
         if not (tokens.ndim == 1 and (_is_integer_array(tokens) or tokens.size == 0)):
@@ -133,7 +125,7 @@ def check_token_batch(tokens) -> np.ndarray:
     if array is not None:
         return array
     if set(map(type, tokens)) - {int}:
-        tokens = [plain_token(token) for token in tokens]
+        tokens = [check_token(token) for token in tokens]
     try:
         array = np.array(tokens, dtype=np.int64)
     except OverflowError:
@@ -181,10 +173,11 @@ def check_device(device) -> torch.device:
 
 
 def _is_integer_array(array) -> bool:
-    """An integer numpy array, or an integer tensor whose values can be read (on the CPU or a
-    CUDA device: a "meta" tensor has none)."""
+    """An integer numpy array, or a dense integer tensor whose values can be read (on the CPU or a
+    CUDA device: a "meta" tensor has none, and a sparse one no numpy view)."""
     if isinstance(array, torch.Tensor):
-        return array.dtype in TORCH_INT_DTYPES and array.device.type in ("cpu", "cuda")
+        return (array.dtype in TORCH_INT_DTYPES and array.layout == torch.strided
+                and array.device.type in ("cpu", "cuda"))
     return array.dtype.kind in "iu"
 
 

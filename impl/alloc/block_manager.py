@@ -48,11 +48,11 @@ import torch
 
 from pagedkv.spec import (DuplicateSequence, InvalidArgument, InvalidState, InvariantViolation, OutOfBlocks,
                           StepResult, UnknownSequence)
-from pagedkv.spec.arguments import check_block, check_int, check_step_tokens, require
+from pagedkv.spec.arguments import check_block, check_int, check_step_tokens, check_token, require
 from pagedkv.spec.blocks import blocks_needed
 
 from .arguments import (check_device, check_prompt, check_token_batch, check_token_counts, marshalled,
-                        plain_seq_id, plain_seq_ids, plain_token)
+                        plain_seq_id, plain_seq_ids)
 from .block_pool import BlockPool
 from .copies import Copies, PendingCopies
 from .cpu_pool import CpuPool
@@ -155,7 +155,7 @@ class BlockManager:
     @atomic
     def append(self, seq_id: int, token: int) -> list:
         """Append one decoded token; returns the copy-on-write copies [(src, dst)]."""
-        token = plain_token(token)
+        token = check_token(token)
         row = self._running_row(seq_id)
         return self._append_rows(np.array([row]), np.array([token], dtype=np.int64))
 

@@ -464,7 +464,8 @@ ANYTHING = st.one_of(
     st.dictionaries(st.one_of(st.integers(-2, 9), st.text(max_size=1)), st.one_of(st.integers(-2, 9), st.none()),
                     max_size=3),
     st.builds(np.array, st.lists(st.floats(allow_nan=False, width=32), max_size=3)),
-    st.sampled_from([np.int64(1), np.float32(2), torch.tensor([1.0]), torch.tensor([1, 2], dtype=torch.bfloat16)]),
+    st.sampled_from([np.int64(1), np.float32(2), torch.tensor([1.0]), torch.tensor([1, 2], dtype=torch.bfloat16),
+                     torch.tensor([1, 2]).to_sparse(), Inflated(1), [Inflated(2), 1], (Inflated(0),)]),
 )
 
 
