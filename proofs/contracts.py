@@ -51,6 +51,9 @@ def check_contracts(target: str, per_condition_s: float, timeout_s: float) -> Cr
                        str(SPEC_DIR / target)], timeout_s)
 
 
+#: Seconds of CrossHair per scenario condition (wall clock: see proofs/report.py's Profile).
+SCENARIO_PER_CONDITION_S = 4
+
 _INFO_LINE = re.compile(r"^(?P<file>.+?):(?P<line>\d+): (?P<level>info|error): (?P<what>.*)$")
 _VACUOUS = ("unable to meet precondition", "not analyzed")
 

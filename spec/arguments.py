@@ -9,6 +9,12 @@ def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _plain(value: int) -> int:
+    """An int's value as a plain int: a subclass by `int.__index__`, which reads the value itself;
+    an int as it is (which keeps a symbolic int of CrossHair's symbolic)."""
+    return value if type(value) is int else int.__index__(value)
+
+
 def require(condition: bool, message: str) -> None:
     if not condition:
         raise InvalidArgument(message)
@@ -22,7 +28,7 @@ def check_int(value, low, high, message: str) -> int:
     """`value` as a plain int in low..high (`high` may be math.inf), range-checked by its value;
     anything else raises InvalidArgument(message, and what it got)."""
     if is_int(value):
-        plain = int.__index__(value)
+        plain = _plain(value)
         if low <= plain <= high:
             return plain
     raise InvalidArgument(f"{message}, got {value!r}")
@@ -31,12 +37,12 @@ def check_int(value, low, high, message: str) -> int:
 def check_seq_id(seq_id) -> int:
     if not is_int(seq_id):
         raise InvalidArgument(f"sequence ids are ints, got {seq_id!r}")
-    return int.__index__(seq_id)
+    return _plain(seq_id)
 
 
 def check_token(token) -> int:
     if is_int(token):
-        value = int.__index__(token)
+        value = _plain(token)
         if 0 <= value <= MAX_TOKEN:
             return value
     raise InvalidArgument(f"tokens are ints in 0..2**63-1, got {token!r}")
@@ -44,7 +50,7 @@ def check_token(token) -> int:
 
 def check_block(block, num_blocks: int) -> int:
     if is_int(block):
-        value = int.__index__(block)
+        value = _plain(block)
         if 0 <= value < num_blocks:
             return value
     raise InvalidArgument(f"block id {block!r} outside 0..{num_blocks - 1}")

@@ -152,7 +152,7 @@ def test_the_overlay_imports_the_measured_checkout_not_this_one(checks, tmp_path
                               tmp_path / "s3", 60).verdict == "survived"
 
 
-SURVIVOR = "spec/kvspec.py::KVSpec.add: delete Expr: check_seq_id(seq_id) #1"
+SURVIVOR = "spec/kvspec.py::KVSpec.add: delete Expr: self._allocate_prompt(seq) #1"
 
 
 def test_results_resume_and_survivors_are_judged_again_by_ident(checks, tmp_path, capsys):
@@ -165,7 +165,7 @@ def test_results_resume_and_survivors_are_judged_again_by_ident(checks, tmp_path
     first = capsys.readouterr().out
     records = [json.loads(line) for line in results.read_text().splitlines()]
     assert sorted(r["ident"] for r in records) == sorted([DUPLICATE_RAISE, SURVIVOR])
-    assert "1 survivor(s)" in first and SURVIVOR in first and "-        check_seq_id(seq_id)" in first
+    assert "1 survivor(s)" in first and SURVIVOR in first and "-        self._allocate_prompt(seq)" in first
     assert "spec/kvspec.py                           1       2   50.0%" in first
 
     kept = next(line for line in results.read_text().splitlines() if DUPLICATE_RAISE in line)

@@ -10,7 +10,7 @@ SCENARIOS = ("fork_scenario", "free_scenario", "preempt_scenario")
 def test_scenarios_hold_and_are_not_vacuous():
     skip = tuple(n for n in contracts._functions(contracts.SCENARIOS) if n not in SCENARIOS)
     assert skip == ("add_scenario", "append_scenario", "resume_scenario", "step_scenario")  # the module's others
-    outcome = contracts.check_scenarios(1, 240, skip=skip)
+    outcome = contracts.check_scenarios(contracts.SCENARIO_PER_CONDITION_S, 600, skip=skip)
     assert outcome.passed, outcome.detail
     assert "none vacuous" in outcome.detail
 
@@ -51,7 +51,7 @@ def test_planted_bug_is_reported_with_counterexample(tmp_path):
             kv.preempt(1, "recompute")
             return kv.num_free_blocks()
         ''')
-    outcome = contracts.check_scenarios(2, 240, path=path)
+    outcome = contracts.check_scenarios(contracts.SCENARIO_PER_CONDITION_S, 600, path=path)
     assert not outcome.passed
     assert "preempt_never_frees" in outcome.detail and "when calling preempt_never_frees(" in outcome.detail
     assert "False)" in outcome.detail   # the counterexample: no fork, so the blocks come back
@@ -72,5 +72,5 @@ def test_vacuous_scenario_fails(tmp_path):
 
 def test_append_and_step_scenarios_are_checked_not_vacuous():
     skip = tuple(n for n in contracts._functions(contracts.SCENARIOS) if n not in ("append_scenario", "step_scenario"))
-    outcome = contracts.check_scenarios(1, 120, skip=skip)
+    outcome = contracts.check_scenarios(contracts.SCENARIO_PER_CONDITION_S, 600, skip=skip)
     assert outcome.passed, outcome.detail
